@@ -1,0 +1,1 @@
+"""Worker side of kvroute: the reference radix cache and (``engine`` extra) the SGLang plugin."""

@@ -1,0 +1,31 @@
+"""Reference radix cache (pure Python) with pluggable eviction: ``lru`` and ``rlt``."""
+
+from engine_ext.cache.eviction import (
+    EvictionPolicy,
+    eviction_policy_names,
+    make_eviction_policy,
+    register_eviction_policy,
+)
+from engine_ext.cache.keys import Key, as_key, common_prefix_length
+from engine_ext.cache.lru import LRUEviction
+from engine_ext.cache.node import RadixNode
+from engine_ext.cache.radix import CacheStats, CapacityError, InsertResult, MatchResult, RadixCache
+from engine_ext.cache.rlt import RLTEviction
+
+__all__ = [
+    "CacheStats",
+    "CapacityError",
+    "EvictionPolicy",
+    "InsertResult",
+    "Key",
+    "LRUEviction",
+    "MatchResult",
+    "RLTEviction",
+    "RadixCache",
+    "RadixNode",
+    "as_key",
+    "common_prefix_length",
+    "eviction_policy_names",
+    "make_eviction_policy",
+    "register_eviction_policy",
+]

@@ -1,0 +1,345 @@
+"""Reference radix cache: a token-id radix tree with locking, capacity and pluggable eviction.
+
+Pure Python, no SGLang import. The simulator and the emulated worker use it as the worker's
+KV cache; the SGLang plugin is proven equal to it. The shape follows SGLang's
+``mem_cache/radix_cache.py``: ``match_prefix`` / ``insert`` / ``lock`` / ``unlock`` /
+``evict``, sizes split into evictable (unlocked) and protected (locked) tokens, page-aligned
+keys. On top of the tree the cache keeps the KV-pool arithmetic a worker needs
+(``reserve`` / ``release`` / ``ensure_free`` for tokens that running requests hold outside
+the tree), so ``total + reserved <= capacity`` holds whenever callers reserve before they insert.
+
+>>> import random
+>>> cache = RadixCache(capacity_tokens=8, eviction="lru", rng=random.Random(0))
+>>> cache.insert((1, 2, 3, 4)).prefix_length
+0
+>>> cache.match_prefix((1, 2, 3, 9)).length
+3
+>>> cache.evict(4), cache.total_tokens
+(4, 0)
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine_ext.cache.eviction import EvictionPolicy, make_eviction_policy
+from engine_ext.cache.keys import common_prefix_length
+from engine_ext.cache.node import RadixNode
+
+__all__ = ["CacheStats", "CapacityError", "InsertResult", "MatchResult", "RadixCache"]
+
+
+class CapacityError(RuntimeError):
+    """Raised when tokens are reserved beyond what the cache can free."""
+
+
+@dataclass(frozen=True, slots=True)
+class MatchResult:
+    """``length`` tokens of the key are cached; ``node`` is the last node of that prefix."""
+
+    length: int
+    node: RadixNode
+
+
+@dataclass(frozen=True, slots=True)
+class InsertResult:
+    """``prefix_length`` tokens were already cached; ``node`` ends the inserted key."""
+
+    prefix_length: int
+    node: RadixNode
+
+
+@dataclass(slots=True)
+class CacheStats:
+    """Counters in the units SGLang exports (``sglang:prompt_tokens_total`` and friends)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    requests: int = 0
+    evicted_tokens: int = 0
+    evictions: int = 0
+
+    def record(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """Account one admitted request (what SGLang counts when the request is scheduled)."""
+        self.requests += 1
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += cached_tokens
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class RadixCache:
+    """Token radix tree of at most ``capacity_tokens`` tokens (tree plus reserved).
+
+    ``eviction`` names a registered policy (``lru`` or ``rlt`` built in); ``rng`` is the seeded
+    source of randomness for randomized policies. ``page_size`` > 1 aligns every key, match
+    and eviction to whole pages, as SGLang does.
+    """
+
+    def __init__(
+        self,
+        capacity_tokens: int,
+        eviction: str = "lru",
+        *,
+        page_size: int = 1,
+        rng: random.Random | None = None,
+    ) -> None:
+        if capacity_tokens < 1:
+            raise ValueError(f"capacity_tokens must be >= 1, got {capacity_tokens}")
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.capacity_tokens = capacity_tokens
+        self.page_size = page_size
+        self.rng = rng if rng is not None else random.Random(0)
+        self.stats = CacheStats()
+        self.policy: EvictionPolicy = make_eviction_policy(eviction, self, self.rng)
+        self.reset()
+
+    # -- state ---------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Drop every cached token (SGLang's ``/flush_cache``); counters are kept."""
+        self._next_id = 0
+        self.root = self._new_node((), None)
+        self.root.lock_ref = 1  # the root is never evicted
+        self._leaves: dict[RadixNode, None] = {}  # insertion-ordered set: deterministic
+        self._tick = 0
+        self.total_tokens = 0
+        self.protected_tokens = 0
+        self.reserved_tokens = 0
+        self.policy.reset()
+
+    @property
+    def evictable_tokens(self) -> int:
+        return self.total_tokens - self.protected_tokens
+
+    @property
+    def available_tokens(self) -> int:
+        """Tokens that can be reserved without evicting."""
+        return self.capacity_tokens - self.total_tokens - self.reserved_tokens
+
+    @property
+    def node_count(self) -> int:
+        return sum(1 for _ in self._iter_nodes()) - 1
+
+    def _new_node(self, key: Any, parent: RadixNode | None) -> RadixNode:
+        node = RadixNode(key, parent, self._next_id)
+        self._next_id += 1
+        return node
+
+    def next_tick(self) -> int:
+        """A logical clock for recency: deterministic, unlike wall time."""
+        self._tick += 1
+        return self._tick
+
+    # -- lookup and insert ---------------------------------------------------------------
+    def _aligned(self, key: Sequence[Any]) -> Sequence[Any]:
+        page = self.page_size
+        return key if page == 1 else key[: len(key) // page * page]
+
+    def _child_key(self, key: Sequence[Any], pos: int) -> Any:
+        return key[pos] if self.page_size == 1 else key[pos : pos + self.page_size]
+
+    def _walk(self, key: Sequence[Any], split: bool) -> tuple[int, RadixNode, list[RadixNode]]:
+        """Follow ``key`` down the tree; return matched length, last node and the path."""
+        node, pos, path = self.root, 0, []
+        page, n = self.page_size, len(key)
+        while pos < n:
+            child = node.children.get(self._child_key(key, pos))
+            if child is None:
+                break
+            child_len = len(child.key)
+            common = common_prefix_length(child.key, key[pos : pos + child_len])
+            if page > 1:
+                common -= common % page
+            if common < child_len:
+                if split and common > 0:
+                    child = self._split(child, common)
+                    path.append(child)
+                    node, pos = child, pos + common
+                elif common > 0:
+                    pos += common
+                break
+            path.append(child)
+            node, pos = child, pos + child_len
+        return pos, node, path
+
+    def match_prefix(self, key: Sequence[Any]) -> MatchResult:
+        """Longest cached prefix of ``key``; touches the path (LRU recency, RLT marks)."""
+        length, node, path = self._walk(self._aligned(key), split=True)
+        if path:
+            self.policy.on_access(path)
+        return MatchResult(length, node)
+
+    def peek_prefix(self, key: Sequence[Any]) -> int:
+        """Length of the cached prefix of ``key`` without touching or splitting anything."""
+        return self._walk(self._aligned(key), split=False)[0]
+
+    def insert(self, key: Sequence[Any]) -> InsertResult:
+        """Insert ``key`` (page-aligned) and touch its path.
+
+        The caller must have reserved room for the new tokens (``ensure_free`` + ``reserve``)
+        and releases the reservation afterwards, as SGLang's scheduler allocates KV slots before
+        it inserts them. Insert itself never evicts, so it can never drop what it is adding.
+        """
+        key = self._aligned(key)
+        prefix, node, path = self._walk(key, split=True)
+        if prefix < len(key):
+            leaf = self._new_node(key[prefix:], node)
+            node.children[self._child_key(key, prefix)] = leaf
+            self._leaves.pop(node, None)
+            self._leaves[leaf] = None
+            self.total_tokens += len(leaf.key)
+            path.append(leaf)
+            node = leaf
+        if path:
+            self.policy.on_access(path)
+        return InsertResult(prefix, node)
+
+    def _split(self, child: RadixNode, at: int) -> RadixNode:
+        """Split ``child`` after ``at`` tokens; the new upper node inherits its state."""
+        parent = child.parent
+        assert parent is not None  # only the root has no parent, and the root is never split
+        upper = self._new_node(child.key[:at], parent)
+        upper.lock_ref = child.lock_ref
+        upper.last_access = child.last_access
+        upper.mark_phase = child.mark_phase
+        parent.children[self._child_key(child.key, 0)] = upper
+        child.key = child.key[at:]
+        child.parent = upper
+        upper.children[self._child_key(child.key, 0)] = child
+        return upper
+
+    # -- locking -------------------------------------------------------------------------
+    def lock(self, node: RadixNode) -> None:
+        """Protect ``node`` and its ancestors from eviction (a running request uses them)."""
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self.protected_tokens += len(node.key)
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: RadixNode) -> None:
+        while node is not self.root:
+            if node.lock_ref <= 0:
+                raise RuntimeError(f"unlock of an unlocked node: {node!r}")
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.protected_tokens -= len(node.key)
+            node = node.parent  # type: ignore[assignment]
+
+    # -- KV-pool arithmetic --------------------------------------------------------------
+    def ensure_free(self, num_tokens: int) -> bool:
+        """Evict until ``num_tokens`` can be reserved; False if locks make that impossible."""
+        short = num_tokens - self.available_tokens
+        if short > 0:
+            self.evict(short)
+        return self.available_tokens >= num_tokens
+
+    def reserve(self, num_tokens: int) -> None:
+        """Hold ``num_tokens`` KV slots for a running request (outside the tree)."""
+        if num_tokens > self.available_tokens:
+            raise CapacityError(
+                f"cannot reserve {num_tokens} tokens: {self.available_tokens} available; "
+                "call ensure_free() first"
+            )
+        self.reserved_tokens += num_tokens
+
+    def release(self, num_tokens: int) -> None:
+        if num_tokens > self.reserved_tokens:
+            raise CapacityError(f"release of {num_tokens} tokens > {self.reserved_tokens} reserved")
+        self.reserved_tokens -= num_tokens
+
+    # -- eviction ------------------------------------------------------------------------
+    def evict(self, num_tokens: int) -> int:
+        """Free at least ``num_tokens`` unlocked tokens if possible; returns tokens freed."""
+        if num_tokens <= 0:
+            return 0
+        freed = self.policy.evict(num_tokens)
+        if freed:
+            self.stats.evicted_tokens += freed
+            self.stats.evictions += 1
+        return freed
+
+    def evictable_leaves(self) -> Iterator[RadixNode]:
+        """Unlocked leaves, in a deterministic order (the order they became leaves)."""
+        return (leaf for leaf in self._leaves if leaf.lock_ref == 0)
+
+    def is_leaf(self, node: RadixNode) -> bool:
+        return node in self._leaves
+
+    def delete_leaf(self, node: RadixNode) -> None:
+        """Remove an unlocked leaf; its parent becomes a leaf if it has no other child."""
+        if node.lock_ref > 0 or node.children or node is self.root:
+            raise RuntimeError(f"only unlocked leaves can be deleted: {node!r}")
+        parent = node.parent
+        assert parent is not None
+        del parent.children[self._child_key(node.key, 0)]
+        del self._leaves[node]
+        self.total_tokens -= len(node.key)
+        if not parent.children and parent is not self.root:
+            self._leaves[parent] = None
+
+    def trim_leaf(self, node: RadixNode, num_tokens: int) -> None:
+        """Drop ``num_tokens`` (whole pages) from the tail of an unlocked leaf."""
+        if num_tokens >= len(node.key):
+            self.delete_leaf(node)
+            return
+        if node.lock_ref > 0 or node.children or num_tokens % self.page_size:
+            raise RuntimeError(f"cannot trim {num_tokens} tokens from {node!r}")
+        node.key = node.key[: len(node.key) - num_tokens]
+        self.total_tokens -= num_tokens
+
+    def drop_tails(self, plan: Iterable[tuple[RadixNode, int]]) -> int:
+        """Apply many ``trim_leaf`` calls at once (RLT's batch); returns tokens dropped.
+
+        The plan's leaves are unlocked and trimmed by whole pages; a leaf dropped whole comes
+        before its parent.
+        """
+        deleted = trimmed = 0
+        for node, tokens in plan:
+            key = node.key
+            if tokens >= len(key):
+                deleted += len(key)
+                self.delete_leaf(node)
+            else:
+                node.key = key[: len(key) - tokens]
+                trimmed += tokens
+        self.total_tokens -= trimmed
+        return deleted + trimmed
+
+    def _iter_nodes(self) -> Iterator[RadixNode]:
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def check_invariants(self) -> None:
+        """Recount everything from the tree; raise AssertionError on any mismatch (tests)."""
+        total = protected = 0
+        leaves = set()
+        for node in self._iter_nodes():
+            if node is self.root:
+                continue
+            total += len(node.key)
+            if node.lock_ref > 0:
+                protected += len(node.key)
+            if len(node.key) == 0 or len(node.key) % self.page_size:
+                raise AssertionError(f"bad node length {len(node.key)}")
+            parent = node.parent
+            if parent is not None and parent is not self.root and parent.lock_ref < node.lock_ref:
+                raise AssertionError("a locked node's parent must be locked at least as often")
+            if not node.children:
+                leaves.add(node)
+        if total != self.total_tokens or protected != self.protected_tokens:
+            raise AssertionError(
+                f"sizes drifted: total {total} vs {self.total_tokens}, "
+                f"protected {protected} vs {self.protected_tokens}"
+            )
+        if leaves != set(self._leaves):
+            raise AssertionError("leaf index drifted from the tree")

@@ -1,0 +1,3 @@
+from kvroute.cli import main
+
+raise SystemExit(main())

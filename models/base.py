@@ -1,0 +1,20 @@
+"""The residual model interface, in River's vocabulary."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["Features", "ResidualModel"]
+
+# River types features as dict[Hashable, Any]; ``dict[Any, Any]`` fits both River's signatures
+# and ours, where features are always ``str`` -> ``float`` (see router_service.routing.features).
+Features = dict[Any, Any]
+
+
+@runtime_checkable
+class ResidualModel(Protocol):
+    """Predicts the part of a request's latency (ms) that the service estimate misses."""
+
+    def predict_one(self, x: Features) -> float: ...
+
+    def learn_one(self, x: Features, y: float) -> None: ...

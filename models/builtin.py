@@ -1,0 +1,26 @@
+"""The built-in model kinds."""
+
+from __future__ import annotations
+
+from river import base
+
+from models.base import Features
+from models.ewmean import EWMeanResidual
+from models.registry import register_model
+
+__all__ = ["ZeroResidual", "register_builtins"]
+
+
+class ZeroResidual(base.Regressor):
+    """``none``: always 0, i.e. no learning; LBGR then ranks on the service estimate alone."""
+
+    def learn_one(self, x: Features, y: float) -> None:
+        pass
+
+    def predict_one(self, x: Features) -> float:
+        return 0.0
+
+
+def register_builtins() -> None:
+    register_model("ewmean", EWMeanResidual)
+    register_model("none", ZeroResidual)

@@ -1,0 +1,1 @@
+"""kvroute's router: the pure routing core (``router_service.routing``) and its service shell."""

@@ -1,0 +1,34 @@
+"""Features for residual models: pure functions of the request and one worker's snapshot.
+
+| name            | meaning                                                        |
+|-----------------|----------------------------------------------------------------|
+| ``cached_k``    | units the index believes the worker caches, in thousands       |
+| ``uncached_k``  | units it would have to prefill, in thousands                   |
+| ``queue_ms``    | the worker's decayed queue load (ms)                           |
+| ``in_flight``   | requests this router has in flight on the worker               |
+| ``prompt_k``    | prompt length in tokens when known, else units, in thousands   |
+| ``max_new_k``   | requested output tokens, in thousands (0 when not given)       |
+
+Lengths are in thousands so that raw features sit near 1 for learners without scaling.
+"""
+
+from __future__ import annotations
+
+from models.base import Features
+from router_service.routing.types import RouteRequest, WorkerSnapshot
+
+__all__ = ["FEATURE_NAMES", "residual_features"]
+
+FEATURE_NAMES = ("cached_k", "uncached_k", "queue_ms", "in_flight", "prompt_k", "max_new_k")
+
+
+def residual_features(request: RouteRequest, worker: WorkerSnapshot) -> Features:
+    prompt = request.prompt_tokens if request.prompt_tokens is not None else request.units
+    return {
+        "cached_k": worker.cached / 1000.0,
+        "uncached_k": (request.units - worker.cached) / 1000.0,
+        "queue_ms": worker.queue_ms,
+        "in_flight": float(worker.in_flight),
+        "prompt_k": prompt / 1000.0,
+        "max_new_k": (request.max_new_tokens or 0) / 1000.0,
+    }

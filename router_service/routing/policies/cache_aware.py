@@ -1,0 +1,123 @@
+"""``cache_aware``: SGLang's router policy, the paper's main baseline (DESIGN 3.1).
+
+If the fleet is imbalanced (``max_load - min_load > balance_abs_threshold`` and
+``max_load > balance_rel_threshold * min_load``, load = requests in flight) the least loaded
+worker wins. Otherwise, with ``match_rate = matched / total``, the worker owning the deepest
+match wins if ``match_rate > cache_threshold``, else the worker with the smallest tree.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from router_service.routing.policy import (
+    PAPER_INDEX,
+    SGLANG_INDEX,
+    IndexSettings,
+    eligible,
+    ineligible_candidate,
+)
+from router_service.routing.types import (
+    Candidate,
+    Decision,
+    Learned,
+    Outcome,
+    RouteRequest,
+    WorkerSnapshot,
+)
+
+__all__ = ["CACHE_AWARE_PRESETS", "CacheAwarePolicy", "CacheAwareSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheAwareSettings:
+    cache_threshold: float
+    balance_abs_threshold: int
+    balance_rel_threshold: float
+    index: IndexSettings
+
+
+CACHE_AWARE_PRESETS = {
+    # sglang-router 0.3.x CLI defaults.
+    "sglang": CacheAwareSettings(0.3, 64, 1.5, SGLANG_INDEX),
+    # The paper's baseline: sgl-router of SGLang 0.4.6 (launch_router.py RouterArgs defaults).
+    "paper": CacheAwareSettings(0.5, 32, 1.0001, PAPER_INDEX),
+}
+
+
+class CacheAwarePolicy:
+    """SGLang's cache-aware routing over the router's approximate prefix index."""
+
+    name = "cache_aware"
+
+    def __init__(
+        self,
+        rng: random.Random,
+        preset: str = "sglang",
+        cache_threshold: float | None = None,
+        balance_abs_threshold: int | None = None,
+        balance_rel_threshold: float | None = None,
+    ) -> None:
+        try:
+            base = CACHE_AWARE_PRESETS[preset]
+        except KeyError:
+            raise ValueError(
+                f"unknown cache_aware preset {preset!r}; known: {', '.join(CACHE_AWARE_PRESETS)}"
+            ) from None
+        self.preset = preset
+        self.cache_threshold = base.cache_threshold if cache_threshold is None else cache_threshold
+        self.balance_abs_threshold = (
+            base.balance_abs_threshold if balance_abs_threshold is None else balance_abs_threshold
+        )
+        self.balance_rel_threshold = (
+            base.balance_rel_threshold if balance_rel_threshold is None else balance_rel_threshold
+        )
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            raise ValueError(f"cache_threshold must be in [0, 1], got {self.cache_threshold}")
+        self.index_settings = base.index
+
+    def decide(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> Decision:
+        pool = eligible(workers)
+        loads = [w.in_flight for w in pool]
+        max_load, min_load = max(loads), min(loads)
+        if (
+            max_load - min_load > self.balance_abs_threshold
+            and max_load > self.balance_rel_threshold * min_load
+        ):
+            chosen, branch = pool[loads.index(min_load)], "balance"
+        else:
+            matched = max(w.cached for w in pool)
+            rate = matched / request.units if request.units else 0.0
+            if rate > self.cache_threshold:
+                chosen = next(w for w in pool if w.cached == matched)
+                branch = "cache"
+            else:
+                smallest = min(w.index_units for w in pool)
+                chosen = next(w for w in pool if w.index_units == smallest)
+                branch = "smallest_tree"
+        candidates = tuple(
+            Candidate(
+                worker=w.url,
+                eligible=True,
+                cached=w.cached,
+                uncached=request.units - w.cached,
+                in_flight=w.in_flight,
+            )
+            if w.healthy
+            else ineligible_candidate(w)
+            for w in workers
+        )
+        return Decision(
+            request.request_id, self.name, chosen.url, candidates, request.units, branch=branch
+        )
+
+    def commit(self, decision: Decision) -> None:
+        pass
+
+    def complete(self, decision: Decision, outcome: Outcome) -> Learned | None:
+        return None
+
+    def forget_worker(self, url: str) -> None:
+        pass

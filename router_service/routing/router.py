@@ -1,0 +1,99 @@
+"""The routing core the service and the simulator share: index, in-flight counts, policy.
+
+No I/O and no clock of its own: callers pass worker status (health, decayed queue load read
+from whichever load store they use) and the current time. ``decide`` is a pure query (the
+``/explain`` dry run); ``route`` decides and commits; ``complete`` feeds back the outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from router_service.routing.policy import RoutingPolicy
+from router_service.routing.prefix_index import PrefixIndex
+from router_service.routing.types import (
+    Decision,
+    Learned,
+    Outcome,
+    RouteRequest,
+    WorkerSnapshot,
+    WorkerStatus,
+)
+
+__all__ = ["Router"]
+
+
+class Router:
+    """One router replica's routing state.
+
+    Every policy's routing is recorded in the prefix index, so switching policies at run time
+    starts warm, and ``/explain`` can show what each worker is believed to cache.
+    """
+
+    def __init__(self, policy: RoutingPolicy, index: PrefixIndex | None = None) -> None:
+        self.policy = policy
+        self.index = index if index is not None else PrefixIndex()
+        self.in_flight: dict[str, int] = {}
+        self._last_trim_ms = 0.0
+
+    def set_policy(self, policy: RoutingPolicy) -> None:
+        """Swap the policy; decisions in flight complete against the policy that made them."""
+        self.policy = policy
+
+    def snapshots(
+        self, request: RouteRequest, workers: Sequence[WorkerStatus]
+    ) -> list[WorkerSnapshot]:
+        _, matched = self.index.match(request.key)
+        index, in_flight = self.index, self.in_flight
+        return [
+            WorkerSnapshot(
+                url=w.url,
+                healthy=w.healthy,
+                reason=w.reason,
+                queue_ms=w.queue_ms,
+                in_flight=in_flight.get(w.url, 0),
+                cached=matched.get(w.url, 0),
+                index_units=index.units(w.url),
+            )
+            for w in workers
+        ]
+
+    def decide(self, request: RouteRequest, workers: Sequence[WorkerStatus]) -> Decision:
+        """The decision the router would take now; changes nothing."""
+        return self.policy.decide(request, self.snapshots(request, workers))
+
+    def commit(self, request: RouteRequest, decision: Decision, now_ms: float) -> None:
+        """Apply a decision: the policy's bookkeeping, the index insert, the in-flight count."""
+        self.policy.commit(decision)
+        self.index.insert(request.key, decision.chosen, now_ms)
+        self.in_flight[decision.chosen] = self.in_flight.get(decision.chosen, 0) + 1
+
+    def route(
+        self, request: RouteRequest, workers: Sequence[WorkerStatus], now_ms: float
+    ) -> Decision:
+        decision = self.decide(request, workers)
+        self.commit(request, decision, now_ms)
+        return decision
+
+    def complete(self, decision: Decision, outcome: Outcome) -> Learned | None:
+        """Close a routed request; a learning policy trains on its outcome."""
+        count = self.in_flight.get(decision.chosen, 0)
+        if count > 0:
+            self.in_flight[decision.chosen] = count - 1
+        if decision.policy != self.policy.name:
+            return None  # made by a policy that has since been swapped out
+        return self.policy.complete(decision, outcome)
+
+    def maybe_trim(self, now_ms: float) -> int:
+        """Trim the index when the policy's trim interval has passed; returns units dropped."""
+        settings = self.policy.index_settings
+        if now_ms - self._last_trim_ms < settings.trim_interval_s * 1000.0:
+            return 0
+        self._last_trim_ms = now_ms
+        return self.index.trim(settings.max_units_per_worker)
+
+    def remove_worker(self, url: str) -> None:
+        """Drop a worker's index entries, in-flight count and learned state."""
+        self.index.remove_worker(url)
+        self.in_flight.pop(url, None)
+        self.policy.forget_worker(url)

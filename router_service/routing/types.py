@@ -1,0 +1,161 @@
+"""Values the routing core takes and returns: requests, worker snapshots, decisions, outcomes.
+
+All frozen and slotted; a Decision explains itself (``to_dict`` is the ``/explain`` JSON of
+DESIGN 7). Fields a policy does not use are ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine_ext.cache.keys import Key
+
+__all__ = [
+    "Candidate",
+    "Decision",
+    "Learned",
+    "ModelInfo",
+    "NoEligibleWorker",
+    "Outcome",
+    "RouteRequest",
+    "WorkerSnapshot",
+    "WorkerStatus",
+]
+
+
+class NoEligibleWorker(RuntimeError):
+    """No worker can take the request (all unhealthy or none registered)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What the router knows of a request before sending it.
+
+    ``key`` holds the prefix-match units: token ids when the request carries ``input_ids``,
+    else the prompt's characters (for chat, the JSON of ``messages``), as SGLang's router does.
+    ``prompt_tokens`` is the prompt length in tokens when known (features); ``request_id`` is
+    also the decision id.
+    """
+
+    request_id: str
+    key: Key
+    prompt_tokens: int | None = None
+    max_new_tokens: int | None = None
+
+    @property
+    def units(self) -> int:
+        return len(self.key)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """What the shell (or simulator) knows of a worker: health and decayed queue load."""
+
+    url: str
+    healthy: bool = True
+    reason: str | None = None
+    queue_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSnapshot:
+    """Everything a policy may read about one worker at decision time."""
+
+    url: str
+    healthy: bool
+    reason: str | None
+    queue_ms: float
+    in_flight: int
+    cached: int
+    index_units: int
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One worker's line in a decision's breakdown (DESIGN 5)."""
+
+    worker: str
+    eligible: bool
+    reason: str | None = None
+    cached: int | None = None
+    uncached: int | None = None
+    base_ms: float | None = None
+    queue_ms: float | None = None
+    residual_ms: float | None = None
+    predicted_ms: float | None = None
+    in_flight: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "worker": self.worker,
+            "cached": self.cached,
+            "uncached": self.uncached,
+            "base_ms": self.base_ms,
+            "queue_ms": self.queue_ms,
+            "residual_ms": self.residual_ms,
+            "predicted_ms": self.predicted_ms,
+            "in_flight": self.in_flight,
+            "eligible": self.eligible,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    kind: str
+    version: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "version": self.version}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The chosen worker plus the per-worker breakdown that led to it."""
+
+    decision_id: str
+    policy: str
+    chosen: str
+    candidates: tuple[Candidate, ...]
+    units: int
+    reserve_ms: float | None = None
+    model: ModelInfo | None = None
+    branch: str | None = None  # which rule decided (cache_aware: balance / cache / smallest)
+    features: dict[str, float] | None = field(default=None, compare=False)
+
+    def candidate(self, worker: str) -> Candidate:
+        for cand in self.candidates:
+            if cand.worker == worker:
+                return cand
+        raise KeyError(worker)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "decision_id": self.decision_id,
+            "policy": self.policy,
+            "chosen": self.chosen,
+            "branch": self.branch,
+            "units": self.units,
+            "reserve_ms": self.reserve_ms,
+            "model": self.model.to_dict() if self.model else None,
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a routed request ended; latencies are end-to-end and time to first token."""
+
+    ok: bool
+    latency_ms: float | None = None
+    ttft_ms: float | None = None
+    status: str = "ok"
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """What a learning policy trained on: the residual target and its prediction error."""
+
+    residual_target_ms: float
+    model_error_ms: float

@@ -1,0 +1,171 @@
+"""Simulate a fleet behind the router: the same routing core the service runs.
+
+Each arrival is routed by ``router_service.routing.Router`` with worker status read from the
+embedded decayed-load store (in simulated time); the chosen worker receives it after the
+profile's per-request overhead (tokenisation, HTTP); on completion the load reservation is
+released and the policy learns from the observed latency, exactly as in the live service.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine_ext.cache import RadixCache
+from router_service.routing import (
+    Decision,
+    EmbeddedLoadStore,
+    Outcome,
+    Reservation,
+    Router,
+    RouteRequest,
+    WorkerStatus,
+    make_policy,
+)
+from sim.engine import EngineRequest, RequestTooLarge
+from sim.kernel import Environment
+from sim.profiles import ServiceProfile, get_profile
+from sim.worker import SimWorker
+from sim.workloads.base import Workload, WorkloadRequest
+
+__all__ = ["ClusterConfig", "RequestRecord", "SimRun", "simulate"]
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """A fleet and its router. ``worker_speeds`` makes workers heterogeneous (1.0 = profile)."""
+
+    workers: int = 4
+    policy: str = "lbgr"
+    policy_params: Mapping[str, Any] = field(default_factory=dict)
+    eviction: str = "lru"
+    profile: str = "llama3.1-8b-l40"
+    capacity_tokens: int | None = None
+    page_size: int = 1
+    worker_speeds: Sequence[float] | None = None
+    seed: int = 0
+
+    def worker_urls(self) -> list[str]:
+        return [f"http://sim-worker-{i}" for i in range(self.workers)]
+
+    def worker_profiles(self) -> list[ServiceProfile]:
+        base = get_profile(self.profile)
+        speeds = list(self.worker_speeds) if self.worker_speeds else [1.0] * self.workers
+        if len(speeds) != self.workers:
+            raise ValueError(f"worker_speeds has {len(speeds)} entries for {self.workers} workers")
+        return [base if s == 1.0 else base.scaled(s) for s in speeds]
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    rid: str
+    worker: str
+    arrival_ms: float
+    prompt_tokens: int
+    cached_tokens: int = 0
+    first_token_ms: float | None = None
+    finished_ms: float | None = None
+    failed: str | None = None
+
+    @property
+    def latency_ms(self) -> float | None:
+        return None if self.finished_ms is None else self.finished_ms - self.arrival_ms
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return None if self.first_token_ms is None else self.first_token_ms - self.arrival_ms
+
+
+@dataclass
+class SimRun:
+    config: ClusterConfig
+    records: list[RequestRecord]
+    workers: list[SimWorker]
+    router: Router
+    end_ms: float
+
+
+@dataclass(slots=True)
+class _InFlight:
+    record: RequestRecord
+    decision: Decision
+    reservation: Reservation | None
+
+
+def simulate(
+    config: ClusterConfig,
+    workload: Workload,
+    on_progress: Callable[[int], None] | None = None,
+) -> SimRun:
+    """Run ``workload`` through the fleet; deterministic for a given config and workload."""
+    env = Environment()
+    rng = random.Random(config.seed)
+    router = Router(
+        make_policy(config.policy, random.Random(rng.getrandbits(64)), **dict(config.policy_params))
+    )
+    store = EmbeddedLoadStore()
+    records: list[RequestRecord] = []
+    in_flight: dict[str, _InFlight] = {}
+    urls = config.worker_urls()
+
+    def finish(req: EngineRequest) -> None:
+        job = in_flight.pop(req.rid)
+        job.record.finished_ms = env.now_ms
+        job.record.cached_tokens = req.cached
+        if job.reservation is not None:
+            store.release(job.reservation, env.now_ms)
+        router.complete(job.decision, Outcome(True, job.record.latency_ms, job.record.ttft_ms))
+        if on_progress is not None:
+            on_progress(1)
+
+    def first_token(req: EngineRequest) -> None:
+        in_flight[req.rid].record.first_token_ms = env.now_ms
+
+    workers = []
+    for url, profile in zip(urls, config.worker_profiles(), strict=True):
+        capacity = config.capacity_tokens or profile.kv_capacity_tokens
+        cache = RadixCache(
+            capacity,
+            config.eviction,
+            page_size=config.page_size,
+            rng=random.Random(rng.getrandbits(64)),
+        )
+        workers.append(SimWorker(env, url, profile, cache, first_token, finish))
+    by_url = dict(zip(urls, workers, strict=True))
+
+    def arrive(item: WorkloadRequest) -> None:
+        now = env.now_ms
+        router.maybe_trim(now)
+        statuses = [WorkerStatus(u, queue_ms=store.read(u, now)) for u in urls]
+        request = RouteRequest(item.rid, item.prompt, len(item.prompt), item.max_new_tokens)
+        decision = router.route(request, statuses, now)
+        reservation = (
+            store.reserve(decision.chosen, decision.reserve_ms, now)
+            if decision.reserve_ms is not None
+            else None
+        )
+        record = RequestRecord(item.rid, decision.chosen, now, len(item.prompt))
+        records.append(record)
+        in_flight[item.rid] = _InFlight(record, decision, reservation)
+        worker = by_url[decision.chosen]
+        env.schedule(worker.profile.request_overhead_ms, deliver, worker, item)
+
+    def deliver(worker: SimWorker, item: WorkloadRequest) -> None:
+        req = EngineRequest(item.rid, item.prompt, item.max_new_tokens, item.output)
+        try:
+            worker.submit(req)
+        except RequestTooLarge as exc:
+            job = in_flight.pop(item.rid)
+            job.record.failed = str(exc)
+            if job.reservation is not None:
+                store.release(job.reservation, env.now_ms)
+            router.complete(job.decision, Outcome(False, status="rejected"))
+            if on_progress is not None:
+                on_progress(1)
+
+    for item in workload:
+        env.schedule_at(item.arrival_ms, arrive, item)
+    env.run()
+    return SimRun(config, records, workers, router, env.now_ms)

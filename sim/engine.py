@@ -1,0 +1,226 @@
+"""An SGLang-like worker scheduler over the reference radix cache, with no clock of its own.
+
+The simulator drives it in simulated time and the emulated worker in real time; both call
+``plan_step`` to form the next batch (admitting requests, which matches, locks and reserves
+KV) and ``finish_step`` when the step's duration has passed. Scheduling follows SGLang's
+defaults: FCFS, prefill first (a decode step runs only when no prefill batch can be formed),
+chunked prefill of at most ``chunked_prefill_tokens`` new tokens per step with one request
+in chunked prefill at a time, continuous batching up to ``max_running_requests``.
+
+KV accounting follows SGLang's allocator: at admission a request reserves its uncached
+prompt tokens plus ``max_new_tokens`` (evicting if needed; a request that does not fit waits
+at the head of the queue); when its prefill completes the prompt enters the tree and stays
+locked while it decodes; when it finishes, prompt + output enter the tree, the lock is
+dropped and the reservation released.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine_ext.cache import RadixCache, RadixNode
+from sim.profiles import ServiceProfile
+
+__all__ = ["EngineRequest", "RequestTooLarge", "Step", "StepResult", "WorkerEngine"]
+
+
+class RequestTooLarge(ValueError):
+    """The request can never fit in this worker's KV cache."""
+
+
+@dataclass(slots=True, eq=False)
+class EngineRequest:
+    """A request inside one worker. ``prompt`` and ``output`` are token keys (see sim.tokens)."""
+
+    rid: str
+    prompt: str
+    max_new_tokens: int
+    output: str = ""
+    cached: int = 0
+    prefilled: int = 0
+    generated: int = 0
+    reserved: int = 0
+    lock_node: RadixNode | None = None
+    submitted_ms: float = 0.0
+    admitted_ms: float | None = None
+    first_token_ms: float | None = None
+    finished_ms: float | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt)
+
+
+@dataclass(slots=True)
+class Step:
+    """One forward pass: a prefill batch (``chunks``) or a decode batch (``decode``)."""
+
+    kind: str
+    duration_ms: float
+    chunks: list[tuple[EngineRequest, int]] = field(default_factory=list)
+    decode: list[EngineRequest] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StepResult:
+    first_tokens: list[EngineRequest]
+    finished: list[EngineRequest]
+
+
+class WorkerEngine:
+    """Scheduler state: the waiting queue, the chunked request and the running batch."""
+
+    def __init__(self, profile: ServiceProfile, cache: RadixCache) -> None:
+        self.profile = profile
+        self.cache = cache
+        self.waiting: deque[EngineRequest] = deque()
+        self.chunked: EngineRequest | None = None
+        self.running: list[EngineRequest] = []
+        self.busy = False
+
+    @property
+    def load(self) -> int:
+        """Requests in the worker: waiting, in prefill or decoding."""
+        return len(self.waiting) + len(self.running) + (self.chunked is not None)
+
+    def submit(self, request: EngineRequest, now_ms: float) -> None:
+        if request.prompt_tokens < 1:
+            raise ValueError("a request needs at least one prompt token")
+        if request.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if request.prompt_tokens + request.max_new_tokens > self.cache.capacity_tokens:
+            raise RequestTooLarge(
+                f"request {request.rid} needs {request.prompt_tokens + request.max_new_tokens} "
+                f"KV tokens; the cache holds {self.cache.capacity_tokens}"
+            )
+        request.submitted_ms = now_ms
+        self.waiting.append(request)
+
+    # -- batch formation -------------------------------------------------------------------
+    def plan_step(self, now_ms: float) -> Step | None:
+        """Form the next batch (prefill first); None when there is nothing to do."""
+        step = self._plan_prefill(now_ms)
+        if step is None and self.running:
+            context = sum(r.prompt_tokens + r.generated for r in self.running)
+            step = Step(
+                "decode",
+                self.profile.decode_ms(context, len(self.running)),
+                decode=list(self.running),
+            )
+        self.busy = step is not None
+        return step
+
+    def _plan_prefill(self, now_ms: float) -> Step | None:
+        budget = self.profile.chunked_prefill_tokens
+        chunks: list[tuple[EngineRequest, int]] = []
+        if self.chunked is not None:
+            req = self.chunked
+            n = min(req.prompt_tokens - req.prefilled, budget)
+            chunks.append((req, n))
+            budget -= n
+        limit = self.profile.max_running_requests
+        while budget > 0 and self.waiting and self.chunked is None:
+            if len(self.running) + len(chunks) >= limit or not self._admit(self.waiting[0], now_ms):
+                break
+            req = self.waiting.popleft()
+            n = min(req.prompt_tokens - req.prefilled, budget)
+            chunks.append((req, n))
+            budget -= n
+            if req.prefilled + n < req.prompt_tokens:
+                self.chunked = req
+        if not chunks:
+            return None
+        duration = self.profile.prefill_ms((n, req.prefilled) for req, n in chunks)
+        return Step("prefill", duration, chunks=chunks)
+
+    def _admit(self, req: EngineRequest, now_ms: float) -> bool:
+        """Match, lock and reserve KV for ``req``; False (and nothing held) if it must wait."""
+        cache = self.cache
+        match = cache.match_prefix(req.prompt)
+        cache.lock(match.node)
+        cached = min(match.length, req.prompt_tokens - 1)  # SGLang recomputes the last token
+        need = req.prompt_tokens - cached + req.max_new_tokens
+        if not cache.ensure_free(need):
+            cache.unlock(match.node)
+            return False
+        cache.reserve(need)
+        cache.stats.record(req.prompt_tokens, cached)
+        req.cached = req.prefilled = cached
+        req.reserved = need
+        req.lock_node = match.node
+        req.admitted_ms = now_ms
+        return True
+
+    # -- step completion ---------------------------------------------------------------------
+    def finish_step(self, step: Step, now_ms: float) -> StepResult:
+        first: list[EngineRequest] = []
+        finished: list[EngineRequest] = []
+        for req, n in step.chunks:
+            req.prefilled += n
+            if req.prefilled < req.prompt_tokens:
+                continue
+            if self.chunked is req:
+                self.chunked = None
+            self._prefill_done(req, now_ms)
+            first.append(req)
+            if req.generated >= req.max_new_tokens:
+                self._finish(req, now_ms)
+                finished.append(req)
+            else:
+                self.running.append(req)
+        for req in step.decode:
+            req.generated += 1
+            if req.generated >= req.max_new_tokens:
+                self._finish(req, now_ms)
+                finished.append(req)
+        if finished:
+            done = set(map(id, finished))
+            self.running = [r for r in self.running if id(r) not in done]
+        self.busy = False
+        return StepResult(first, finished)
+
+    def _prefill_done(self, req: EngineRequest, now_ms: float) -> None:
+        """The prompt's KV now lives in the tree, locked while the request decodes."""
+        cache = self.cache
+        inserted = cache.insert(req.prompt)
+        cache.lock(inserted.node)
+        assert req.lock_node is not None
+        cache.unlock(req.lock_node)
+        req.lock_node = inserted.node
+        prompt_part = req.prompt_tokens - req.cached
+        cache.release(prompt_part)
+        req.reserved -= prompt_part
+        req.generated = 1  # the prefill pass yields the first token
+        req.first_token_ms = now_ms
+
+    def _finish(self, req: EngineRequest, now_ms: float) -> None:
+        """Prompt + output (all but the last token, as SGLang) enter the tree; locks drop."""
+        cache = self.cache
+        produced = req.generated - 1
+        if produced > 0:
+            cache.insert(req.prompt + _output_tokens(req, produced))
+        cache.release(req.reserved)
+        req.reserved = 0
+        assert req.lock_node is not None
+        cache.unlock(req.lock_node)
+        req.lock_node = None
+        req.finished_ms = now_ms
+
+    def flush(self) -> bool:
+        """Empty the cache (SGLang refuses while requests are in the worker; so do we)."""
+        if self.load or self.busy:
+            return False
+        self.cache.reset()
+        return True
+
+
+def _output_tokens(req: EngineRequest, count: int) -> str:
+    """The request's generated tokens: given by the workload, else a fixed filler.
+
+    The filler (private-use code points, never produced by ``sim.tokens``) only matters when
+    two requests have the same prompt, where a deterministic model would answer alike too.
+    """
+    if len(req.output) >= count:
+        return req.output[:count]
+    return req.output + "".join(chr(0xF0000 + i) for i in range(count - len(req.output)))
