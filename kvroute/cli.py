@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.run(args, parser) or 0)
+        return int(args.run(args, getattr(args, "command_parser", parser)) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

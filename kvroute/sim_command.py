@@ -57,6 +57,29 @@ def _lens(text: str) -> tuple[int, ...]:
     return lens
 
 
+def _speeds(text: str) -> tuple[float, ...]:
+    try:
+        speeds = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+    if not speeds or min(speeds) <= 0:
+        raise argparse.ArgumentTypeError("speeds must be > 0")
+    return speeds
+
+
+def _speed_change(text: str) -> tuple[int, float, float]:
+    parts = text.split(":")
+    try:
+        worker, at_s, speed = int(parts[0]), float(parts[1]), float(parts[2])
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"expected WORKER:AT_S:SPEED, got {text!r}") from None
+    if len(parts) != 3 or worker < 0 or at_s < 0 or speed <= 0:
+        raise argparse.ArgumentTypeError(f"expected WORKER>=0:AT_S>=0:SPEED>0, got {text!r}")
+    return worker, at_s, speed
+
+
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--workload", choices=["gsp"], default="gsp", help="workload generator")
@@ -100,6 +123,27 @@ def add_parser(sub: Any) -> None:
     )
     f.add_argument("--model", default="ewmean", help="residual model spec for lbgr (name or JSON)")
     f.add_argument(
+        "--model-sharing",
+        choices=["per_worker", "shared"],
+        default="per_worker",
+        help="lbgr: one residual model per worker, or one shared (worker as a feature)",
+    )
+    f.add_argument(
+        "--worker-speeds",
+        type=_speeds,
+        default=None,
+        metavar="S,S,...",
+        help="relative speed per worker, e.g. 0.5,1,1,1 (heterogeneous fleet)",
+    )
+    f.add_argument(
+        "--speed-change",
+        type=_speed_change,
+        action="append",
+        default=[],
+        metavar="WORKER:AT_S:SPEED",
+        help="drift: worker WORKER runs at SPEED from AT_S on",
+    )
+    f.add_argument(
         "--cache-aware-preset",
         choices=["sglang", "paper"],
         default="paper",
@@ -119,7 +163,7 @@ def add_parser(sub: Any) -> None:
         "--jobs", type=_positive_int, default=1, help="simulate combinations in parallel"
     )
     o.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, command_parser=p)
 
 
 def build_workload(args: argparse.Namespace) -> GSPWorkload:
@@ -140,6 +184,7 @@ def cluster_config(args: argparse.Namespace, policy: str, eviction: str) -> Clus
     params: dict[str, Any] = {}
     if policy == "lbgr":
         params["model"] = parse_spec(args.model).to_dict()
+        params["sharing"] = args.model_sharing
     elif policy == "cache_aware":
         params["preset"] = args.cache_aware_preset
     return ClusterConfig(
@@ -151,6 +196,8 @@ def cluster_config(args: argparse.Namespace, policy: str, eviction: str) -> Clus
         capacity_tokens=args.capacity_tokens,
         page_size=args.page_size,
         seed=args.seed,
+        worker_speeds=args.worker_speeds,
+        speed_changes=tuple(args.speed_change),
     )
 
 
@@ -198,6 +245,13 @@ def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         make_model(args.model)
     except ModelSpecError as exc:
         parser.error(f"--model: {exc}")
+    if args.worker_speeds is not None and len(args.worker_speeds) != args.workers:
+        parser.error(
+            f"--worker-speeds has {len(args.worker_speeds)} values for {args.workers} workers"
+        )
+    for worker, _, _ in args.speed_change:
+        if worker >= args.workers:
+            parser.error(f"--speed-change names worker {worker}; workers are 0..{args.workers - 1}")
     if (
         args.capacity_tokens is not None
         and args.capacity_tokens <= max(args.gsp_lens) + args.output_len

@@ -1,7 +1,12 @@
-"""Residual latency models on River: a registry of named kinds built from JSON specs."""
+"""Residual latency models on River: a registry of named kinds built from JSON specs, banks
+of per-worker models with online error, champion/challenger slots and snapshots."""
 
+from models.bank import SHARINGS, ModelBank
 from models.base import Features, ResidualModel
+from models.builtin import ZeroResidual
 from models.ewmean import EWMeanResidual
+from models.online_error import RollingMAE
+from models.persistence import SnapshotError
 from models.registry import (
     ModelSpec,
     ModelSpecError,
@@ -10,13 +15,24 @@ from models.registry import (
     parse_spec,
     register_model,
 )
+from models.river_kinds import AdaptiveTreeResidual, ScaledLinearResidual
+from models.slot import ModelSlot, NoChallenger
 
 __all__ = [
+    "SHARINGS",
+    "AdaptiveTreeResidual",
     "EWMeanResidual",
     "Features",
+    "ModelBank",
+    "ModelSlot",
     "ModelSpec",
     "ModelSpecError",
+    "NoChallenger",
     "ResidualModel",
+    "RollingMAE",
+    "ScaledLinearResidual",
+    "SnapshotError",
+    "ZeroResidual",
     "make_model",
     "model_kinds",
     "parse_spec",

@@ -7,6 +7,7 @@ from river import base
 from models.base import Features
 from models.ewmean import EWMeanResidual
 from models.registry import register_model
+from models.river_kinds import AdaptiveTreeResidual, ScaledLinearResidual
 
 __all__ = ["ZeroResidual", "register_builtins"]
 
@@ -24,3 +25,5 @@ class ZeroResidual(base.Regressor):
 def register_builtins() -> None:
     register_model("ewmean", EWMeanResidual)
     register_model("none", ZeroResidual)
+    register_model("linear", ScaledLinearResidual)
+    register_model("tree", AdaptiveTreeResidual)

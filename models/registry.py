@@ -42,6 +42,11 @@ class ModelSpec:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "params": dict(self.params)}
 
+    @property
+    def key(self) -> str:
+        """A canonical string of the spec (specs hold dicts, so they are not hashable)."""
+        return json.dumps(self.to_dict(), sort_keys=True, default=str)
+
 
 def register_model(kind: str, factory: ModelFactory) -> None:
     if not kind or not kind.strip():

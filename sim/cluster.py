@@ -45,6 +45,7 @@ class ClusterConfig:
     capacity_tokens: int | None = None
     page_size: int = 1
     worker_speeds: Sequence[float] | None = None
+    speed_changes: Sequence[tuple[int, float, float]] = ()  # (worker index, at s, new speed)
     seed: int = 0
 
     def worker_urls(self) -> list[str]:
@@ -165,6 +166,11 @@ def simulate(
             if on_progress is not None:
                 on_progress(1)
 
+    base_profile = get_profile(config.profile)
+    for index, at_s, speed in config.speed_changes:
+        if not 0 <= index < len(workers):
+            raise ValueError(f"speed change for worker {index}; the fleet has {len(workers)}")
+        env.schedule_at(at_s * 1000.0, workers[index].set_profile, base_profile.scaled(speed))
     for item in workload:
         env.schedule_at(item.arrival_ms, arrive, item)
     env.run()

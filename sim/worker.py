@@ -36,6 +36,10 @@ class SimWorker:
         self.steps = 0
         self.busy_ms = 0.0
 
+    def set_profile(self, profile: ServiceProfile) -> None:
+        """Change speed from the next step on (drift: thermal throttling, a noisy neighbour)."""
+        self.profile = self.engine.profile = profile
+
     def submit(self, request: EngineRequest) -> None:
         self.engine.submit(request, self.env.now_ms)
         self._kick()

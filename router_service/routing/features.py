@@ -6,6 +6,8 @@
 | ``uncached_k``  | units it would have to prefill, in thousands                   |
 | ``queue_ms``    | the worker's decayed queue load (ms)                           |
 | ``in_flight``   | requests this router has in flight on the worker               |
+| ``pending_k``   | uncached units this router sent the worker, not yet completed  |
+|                 | (a backlog estimate), in thousands                             |
 | ``prompt_k``    | prompt length in tokens when known, else units, in thousands   |
 | ``max_new_k``   | requested output tokens, in thousands (0 when not given)       |
 
@@ -19,7 +21,15 @@ from router_service.routing.types import RouteRequest, WorkerSnapshot
 
 __all__ = ["FEATURE_NAMES", "residual_features"]
 
-FEATURE_NAMES = ("cached_k", "uncached_k", "queue_ms", "in_flight", "prompt_k", "max_new_k")
+FEATURE_NAMES = (
+    "cached_k",
+    "uncached_k",
+    "queue_ms",
+    "in_flight",
+    "pending_k",
+    "prompt_k",
+    "max_new_k",
+)
 
 
 def residual_features(request: RouteRequest, worker: WorkerSnapshot) -> Features:
@@ -29,6 +39,7 @@ def residual_features(request: RouteRequest, worker: WorkerSnapshot) -> Features
         "uncached_k": (request.units - worker.cached) / 1000.0,
         "queue_ms": worker.queue_ms,
         "in_flight": float(worker.in_flight),
+        "pending_k": worker.pending_units / 1000.0,
         "prompt_k": prompt / 1000.0,
         "max_new_k": (request.max_new_tokens or 0) / 1000.0,
     }

@@ -34,6 +34,9 @@ class Router:
         self.policy = policy
         self.index = index if index is not None else PrefixIndex()
         self.in_flight: dict[str, int] = {}
+        self.pending_units: dict[str, int] = {}  # uncached units routed, not yet completed
+        self._open: dict[str, tuple[str, int]] = {}  # decision id -> (worker, uncached units)
+        self._last_match: tuple[str, dict[str, int]] = ("", {})
         self._last_trim_ms = 0.0
 
     def set_policy(self, policy: RoutingPolicy) -> None:
@@ -44,7 +47,8 @@ class Router:
         self, request: RouteRequest, workers: Sequence[WorkerStatus]
     ) -> list[WorkerSnapshot]:
         _, matched = self.index.match(request.key)
-        index, in_flight = self.index, self.in_flight
+        self._last_match = (request.request_id, matched)
+        index, in_flight, pending = self.index, self.in_flight, self.pending_units
         return [
             WorkerSnapshot(
                 url=w.url,
@@ -54,6 +58,7 @@ class Router:
                 in_flight=in_flight.get(w.url, 0),
                 cached=matched.get(w.url, 0),
                 index_units=index.units(w.url),
+                pending_units=pending.get(w.url, 0),
             )
             for w in workers
         ]
@@ -64,9 +69,16 @@ class Router:
 
     def commit(self, request: RouteRequest, decision: Decision, now_ms: float) -> None:
         """Apply a decision: the policy's bookkeeping, the index insert, the in-flight count."""
+        chosen = decision.chosen
+        last_id, matched = self._last_match
+        if last_id != request.request_id:
+            matched = self.index.match(request.key)[1]
+        uncached = request.units - matched.get(chosen, 0)
         self.policy.commit(decision)
-        self.index.insert(request.key, decision.chosen, now_ms)
-        self.in_flight[decision.chosen] = self.in_flight.get(decision.chosen, 0) + 1
+        self.index.insert(request.key, chosen, now_ms)
+        self.in_flight[chosen] = self.in_flight.get(chosen, 0) + 1
+        self.pending_units[chosen] = self.pending_units.get(chosen, 0) + uncached
+        self._open[decision.decision_id] = (chosen, uncached)
 
     def route(
         self, request: RouteRequest, workers: Sequence[WorkerStatus], now_ms: float
@@ -80,6 +92,10 @@ class Router:
         count = self.in_flight.get(decision.chosen, 0)
         if count > 0:
             self.in_flight[decision.chosen] = count - 1
+        opened = self._open.pop(decision.decision_id, None)
+        if opened is not None and opened[0] in self.pending_units:
+            worker, units = opened
+            self.pending_units[worker] = max(0, self.pending_units[worker] - units)
         if decision.policy != self.policy.name:
             return None  # made by a policy that has since been swapped out
         return self.policy.complete(decision, outcome)
@@ -96,4 +112,5 @@ class Router:
         """Drop a worker's index entries, in-flight count and learned state."""
         self.index.remove_worker(url)
         self.in_flight.pop(url, None)
+        self.pending_units.pop(url, None)
         self.policy.forget_worker(url)

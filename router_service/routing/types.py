@@ -69,6 +69,7 @@ class WorkerSnapshot:
     in_flight: int
     cached: int
     index_units: int
+    pending_units: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from models import ModelSpec, ResidualModel, make_model, parse_spec
+from models import ModelSlot, ModelSpec
 from router_service.routing.features import residual_features
 from router_service.routing.policy import PAPER_INDEX, eligible, ineligible_candidate
 from router_service.routing.types import (
@@ -45,25 +45,20 @@ class LBGRPolicy:
         b_uncached_ms: float = 1000.0,
         alpha: float = 1.0,
         margin_ms: float = 1.0,
+        sharing: str = "per_worker",
     ) -> None:
         self.a_ms = a_ms
         self.b_cached_ms = b_cached_ms
         self.b_uncached_ms = b_uncached_ms
         self.alpha = alpha
         self.margin_ms = margin_ms
-        self.spec = parse_spec(model)
-        self._prototype = make_model(self.spec)  # validates the spec now, not at first use
-        self.models: dict[str, ResidualModel] = {}
-        self.model_info = ModelInfo(self.spec.kind, 1)
+        self.models = ModelSlot(model, sharing=sharing)
 
     def base_ms(self, cached: int, uncached: int) -> float:
         return max(
             1.0,
             self.a_ms + self.b_cached_ms * cached / 1000.0 + self.b_uncached_ms * uncached / 1000.0,
         )
-
-    def _predict(self, url: str, features: dict[str, float]) -> float:
-        return self.models.get(url, self._prototype).predict_one(features)
 
     def decide(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> Decision:
         eligible(workers)
@@ -77,7 +72,7 @@ class LBGRPolicy:
                 continue
             base = self.base_ms(w.cached, total - w.cached)
             features = residual_features(request, w)
-            residual = self._predict(w.url, features)
+            residual = self.models.predict(w.url, features)
             predicted = max(1.0, base + self.alpha * w.queue_ms + residual)
             cand = Candidate(
                 worker=w.url,
@@ -101,7 +96,7 @@ class LBGRPolicy:
             tuple(candidates),
             total,
             reserve_ms=best.base_ms,
-            model=self.model_info,
+            model=ModelInfo(self.models.kind_for(best.worker), self.models.version),
             branch="argmin",
             features=best_features,
         )
@@ -116,13 +111,8 @@ class LBGRPolicy:
         assert cand.base_ms is not None
         assert cand.queue_ms is not None
         target = max(1.0, outcome.latency_ms - (cand.base_ms + self.alpha * cand.queue_ms))
-        model = self.models.get(decision.chosen)
-        if model is None:
-            model = self.models[decision.chosen] = make_model(self.spec)
-        features = decision.features or {}
-        error = abs(model.predict_one(features) - target)
-        model.learn_one(features, target)
+        error = self.models.learn(decision.chosen, decision.features or {}, target)
         return Learned(residual_target_ms=target, model_error_ms=error)
 
     def forget_worker(self, url: str) -> None:
-        self.models.pop(url, None)
+        self.models.forget_worker(url)
