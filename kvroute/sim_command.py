@@ -265,8 +265,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     started = time.perf_counter()
     progress = not args.no_progress and sys.stderr.isatty()
     if args.jobs > 1 and len(combos) > 1:
+        # The namespace carries its parser (for usage errors), which cannot be pickled.
+        shipped = argparse.Namespace(**vars(args))
+        vars(shipped).pop("command_parser", None)
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            rows = list(pool.map(run_one, [args] * len(combos), *zip(*combos, strict=True)))
+            rows = list(pool.map(run_one, [shipped] * len(combos), *zip(*combos, strict=True)))
     else:
         rows = [run_one(args, policy, eviction, progress) for policy, eviction in combos]
     wall = time.perf_counter() - started

@@ -25,6 +25,11 @@ class ModelBank:
     """Models of one spec. ``sharing="per_worker"`` keeps one model per worker (the paper's
     choice); ``"shared"`` keeps one model for all workers, with the worker as a one-hot feature.
 
+    The one-hot is dense over the workers the shared model has learned on (``worker=a`` is 1.0
+    for a's samples and 0.0 for every other worker's): a sparse one (the key only on its own
+    worker's samples) is constant wherever present, and River's ``StandardScaler`` maps a
+    constant feature to 0, so ``linear`` and ``tree`` could never tell workers apart.
+
     ``overrides`` maps a worker to its own spec (per-worker hot swap).
     """
 
@@ -43,9 +48,13 @@ class ModelBank:
         self.window = window
         self.overrides: dict[str, ModelSpec] = dict(overrides or {})
         self._prototypes: dict[str, ResidualModel] = {}
-        self._prototype(self.spec)  # build once now: a bad spec fails here, not on first use
+        # Build every spec once now: a bad spec (the default or a per-worker override) fails
+        # here, at swap time, and not inside every later routing decision.
+        for each in (self.spec, *self.overrides.values()):
+            self._prototype(each)
         self._models: dict[str, ResidualModel] = {}
         self._errors: dict[str, RollingMAE] = {}
+        self._one_hot: dict[str, dict[str, float]] = {}  # shared: worker -> its one-hot row
         self.failures = 0
         self.samples = 0
 
@@ -64,14 +73,27 @@ class ModelBank:
     def _key(self, worker: str) -> str:
         return _SHARED_KEY if self.sharing == "shared" and worker not in self.overrides else worker
 
+    def _shares(self, worker: str) -> bool:
+        return self.sharing == "shared" and worker not in self.overrides
+
     def _features(self, worker: str, x: Features) -> Features:
-        if self.sharing == "shared" and worker not in self.overrides:
-            return {**x, f"worker={worker}": 1.0}
-        return x
+        if not self._shares(worker):
+            return x
+        one_hot = self._one_hot.get(worker)
+        if one_hot is None:  # not learned on yet: the known columns at 0, its own at 1
+            one_hot = {**{f"worker={w}": 0.0 for w in self._one_hot}, f"worker={worker}": 1.0}
+        return {**x, **one_hot}
+
+    def _set_shared_workers(self, workers: list[str]) -> None:
+        # Build the rows aside and replace the dict in one assignment: a concurrent reader sees
+        # the old rows or the new ones.
+        self._one_hot = {w: {f"worker={v}": float(v == w) for v in workers} for w in workers}
 
     def predict(self, worker: str, x: Features) -> float:
         """Predicted residual (ms); 0 when the model fails. Never creates state."""
-        model = self._models.get(self._key(worker)) or self._prototype(self.spec_for(worker))
+        model = self._models.get(self._key(worker))
+        if model is None:  # not ``or``: a model may define ``__len__`` (a River pipeline does)
+            model = self._prototype(self.spec_for(worker))
         try:
             value = float(model.predict_one(self._features(worker, x)))
         except Exception:  # noqa: BLE001 - a model must never take routing down
@@ -91,6 +113,8 @@ class ModelBank:
         model = self._models.get(key)
         if model is None:
             model = self._models[key] = make_model(self.spec_for(worker))
+        if self._shares(worker) and worker not in self._one_hot:
+            self._set_shared_workers([*self._one_hot, worker])
         error = abs(self.predict(worker, x) - y)
         tracker = self._errors.get(worker)
         if tracker is None:
@@ -108,7 +132,8 @@ class ModelBank:
         if worker is not None:
             tracker = self._errors.get(worker)
             return tracker.get() if tracker else None
-        values = [(t.get(), len(t._errors)) for t in self._errors.values()]
+        # list() copies the dict in one C call: a learn on another thread may add a worker.
+        values = [(t.get(), len(t._errors)) for t in list(self._errors.values())]
         weight = sum(n for v, n in values if v is not None)
         if not weight:
             return None
@@ -122,12 +147,17 @@ class ModelBank:
             window=self.window,
             overrides={**self.overrides, worker: spec},
         )
-        clone._models = {k: m for k, m in self._models.items() if k != worker}
-        clone._errors = {k: e for k, e in self._errors.items() if k != worker}
+        models, errors = dict(self._models), dict(self._errors)  # snapshots; see mae()
+        models.pop(worker, None)
+        errors.pop(worker, None)
+        clone._models, clone._errors = models, errors
+        clone._one_hot = self._one_hot
         clone.failures, clone.samples = self.failures, self.samples
         return clone
 
     def forget(self, worker: str) -> None:
+        if worker in self._one_hot:
+            self._set_shared_workers([w for w in self._one_hot if w != worker])
         self._models.pop(worker, None)
         self._errors.pop(worker, None)
         self.overrides.pop(worker, None)
@@ -136,9 +166,9 @@ class ModelBank:
         return {
             "spec": self.spec.to_dict(),
             "sharing": self.sharing,
-            "overrides": {w: s.to_dict() for w, s in self.overrides.items()},
+            "overrides": {w: s.to_dict() for w, s in list(self.overrides.items())},
             "mae_ms": self.mae(),
-            "per_worker_mae_ms": {w: t.get() for w, t in self._errors.items()},
+            "per_worker_mae_ms": {w: t.get() for w, t in list(self._errors.items())},
             "samples": self.samples,
             "failures": self.failures,
         }

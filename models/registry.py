@@ -28,6 +28,7 @@ __all__ = [
 ModelFactory = Callable[..., ResidualModel]
 _REGISTRY: dict[str, ModelFactory] = {}
 _ENTRY_POINT_GROUP = "kvroute.models"
+_LOADED = False  # built-ins and entry points registered (not "the registry is non-empty")
 
 
 class ModelSpecError(ValueError):
@@ -49,6 +50,8 @@ class ModelSpec:
 
 
 def register_model(kind: str, factory: ModelFactory) -> None:
+    # Load the built-ins first: a kind registered before the first lookup must not hide them.
+    _ensure_loaded()
     if not kind or not kind.strip():
         raise ValueError("model kind must not be blank")
     if kind in _REGISTRY:
@@ -57,8 +60,10 @@ def register_model(kind: str, factory: ModelFactory) -> None:
 
 
 def _ensure_loaded() -> None:
-    if _REGISTRY:
+    global _LOADED
+    if _LOADED:
         return
+    _LOADED = True  # first: the registrations below come back through register_model
     from models.builtin import register_builtins
 
     register_builtins()

@@ -8,27 +8,14 @@ UTF-16 surrogate block are skipped so keys always encode.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
+
+from engine_ext.cache.keys import ids_to_key, key_to_ids
 
 __all__ = ["VOCAB_SIZE", "ids_to_key", "key_to_ids", "random_tokens"]
 
 VOCAB_SIZE = 128_256  # Llama 3's vocabulary
-_SURROGATE_START, _SURROGATE_SIZE = 0xD800, 0x800
-
-
-def ids_to_key(ids: Iterable[int]) -> str:
-    """Token ids -> key string (one character per token)."""
-    return "".join(chr(i + _SURROGATE_SIZE if i >= _SURROGATE_START else i) for i in ids)
-
-
-def key_to_ids(key: str) -> list[int]:
-    out = []
-    for ch in key:
-        code = ord(ch)
-        out.append(code - _SURROGATE_SIZE if code >= _SURROGATE_START + _SURROGATE_SIZE else code)
-    return out
+_SURROGATE_START, _SURROGATE_SIZE = 0xD800, 0x800  # see engine_ext.cache.keys
 
 
 def random_tokens(gen: np.random.Generator, n: int) -> str:

@@ -37,6 +37,11 @@ __all__ = ["draw_leaf_evictions"]
 N = TypeVar("N", bound=Hashable)
 
 
+# A multinomial round costs about as much as one step of the continuous-time draw; once more
+# than this many rounds would be needed (tiny leaves), the continuous-time draw takes over.
+_MAX_ROUNDS = 8
+
+
 def draw_leaf_evictions(
     candidates: Sequence[tuple[N, int]],
     need: int,
@@ -49,17 +54,62 @@ def draw_leaf_evictions(
     called when ``leaf`` empties and returns (parent, pages) if the parent becomes a candidate
     then. Returns (leaf, pages) with emptied leaves first, in the order they empty (children
     before their parents), then the partly trimmed ones.
+
+    While no leaf can empty before a round's last pick the candidate set is fixed, so ``m``
+    picks are one multinomial draw (``m`` = the smallest leaf's remaining pages; a leaf that
+    the last pick empties leaves before the next round). When that would take many rounds the
+    rest is drawn in continuous time. The process is Markov, so switching is exact.
     """
     if need <= 0 or not candidates:
         return []
+    taken: dict[N, int] = {}
+    emptied: list[N] = []
+    active = [node for node, _ in candidates]
+    remaining = np.asarray([pages for _, pages in candidates], dtype=np.int64)
+    picked = np.zeros_like(remaining)  # pages taken so far from each active leaf
+    while need > 0 and active:
+        m = min(need, int(remaining.min()))
+        if need > m * _MAX_ROUNDS:
+            break
+        picks = gen.multinomial(m, np.full(len(active), 1.0 / len(active)))
+        remaining -= picks
+        picked += picks
+        need -= m
+        if remaining.min() == 0:  # at most one leaf: it took all m picks of this round
+            i = int(np.argmin(remaining))
+            leaf = active.pop(i)
+            taken[leaf] = int(picked[i])
+            remaining, picked = np.delete(remaining, i), np.delete(picked, i)
+            emptied.append(leaf)
+            joined = parent_joins(leaf)
+            if joined is not None and joined[1] > 0:
+                active.append(joined[0])
+                remaining, picked = np.append(remaining, joined[1]), np.append(picked, 0)
+    for node, count in zip(active, picked.tolist(), strict=True):
+        if count:
+            taken[node] = count
+    if need > 0 and active:
+        rest = list(zip(active, remaining.tolist(), strict=True))
+        gone_later, partial = _continuous_draw(rest, need, gen, parent_joins)
+        for node, count in gone_later + partial:
+            taken[node] = taken.get(node, 0) + count
+        emptied.extend(node for node, _ in gone_later)
+    done = set(emptied)
+    return [(node, taken[node]) for node in emptied] + [
+        (node, count) for node, count in taken.items() if node not in done
+    ]
+
+
+def _continuous_draw(
+    candidates: Sequence[tuple[N, int]],
+    need: int,
+    gen: np.random.Generator,
+    parent_joins: Callable[[N], tuple[N, int] | None],
+) -> tuple[list[tuple[N, int]], list[tuple[N, int]]]:
+    """Steps 1-3 of the module docstring: (emptied leaves in order, partly trimmed leaves)."""
     nodes = [node for node, _ in candidates]
     size_list = [pages for _, pages in candidates]
     k = len(nodes)
-    if need <= min(size_list):
-        # No leaf can empty before the last pick, so the candidate set never changes and the
-        # picks are one multinomial draw (a leaf emptied by the last pick still counts).
-        counts = gen.multinomial(need, np.full(k, 1.0 / k)).tolist()
-        return [(nodes[i], c) for i, c in enumerate(counts) if c]
     end_initial = gen.standard_gamma(np.asarray(size_list, dtype=np.float64))
     order = np.argsort(end_initial, kind="stable").tolist()
     end_list = end_initial.tolist()
@@ -88,7 +138,7 @@ def draw_leaf_evictions(
             heapq.heappush(joined, (end_list[-1], len(nodes) - 1))
     still_active = pos < k or bool(joined)
     if emptied_pages < need or (emptied_pages == need and not still_active):
-        return [(nodes[i], size_list[i]) for i in events]  # fewer pages than asked: all go
+        return [(nodes[i], size_list[i]) for i in events], []  # fewer pages than asked: all go
 
     counts = _counts_at_target(
         np.asarray(start_list),
@@ -99,10 +149,12 @@ def draw_leaf_evictions(
         need,
         gen,
     )
-    plan = [(nodes[i], size_list[i]) for i in events if counts[i] == size_list[i]]
-    for i in np.flatnonzero((counts > 0) & (counts < size_list)).tolist():
-        plan.append((nodes[i], int(counts[i])))
-    return plan
+    gone = [(nodes[i], size_list[i]) for i in events if counts[i] == size_list[i]]
+    partial = [
+        (nodes[i], int(counts[i]))
+        for i in np.flatnonzero((counts > 0) & (counts < size_list)).tolist()
+    ]
+    return gone, partial
 
 
 def _counts_at_target(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
+from models import ModelSlot
 from router_service.routing.types import (
     Candidate,
     Decision,
@@ -55,6 +56,10 @@ class RoutingPolicy(Protocol):
 
     name: str
     index_settings: IndexSettings
+
+    @property
+    def models(self) -> ModelSlot | None:
+        """The residual models of a learning policy, else None."""
 
     def decide(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> Decision: ...
 

@@ -63,6 +63,13 @@ class Router:
             for w in workers
         ]
 
+    def cached_for(self, request: RouteRequest, worker: str) -> int:
+        """Units of ``request`` the index believes ``worker`` caches (reuses the last match)."""
+        last_id, matched = self._last_match
+        if last_id != request.request_id:
+            matched = self.index.match(request.key)[1]
+        return matched.get(worker, 0)
+
     def decide(self, request: RouteRequest, workers: Sequence[WorkerStatus]) -> Decision:
         """The decision the router would take now; changes nothing."""
         return self.policy.decide(request, self.snapshots(request, workers))
@@ -70,10 +77,7 @@ class Router:
     def commit(self, request: RouteRequest, decision: Decision, now_ms: float) -> None:
         """Apply a decision: the policy's bookkeeping, the index insert, the in-flight count."""
         chosen = decision.chosen
-        last_id, matched = self._last_match
-        if last_id != request.request_id:
-            matched = self.index.match(request.key)[1]
-        uncached = request.units - matched.get(chosen, 0)
+        uncached = request.units - self.cached_for(request, chosen)
         self.policy.commit(decision)
         self.index.insert(request.key, chosen, now_ms)
         self.in_flight[chosen] = self.in_flight.get(chosen, 0) + 1

@@ -29,6 +29,7 @@ def _plain(workers: Sequence[WorkerSnapshot], *, with_load: bool = False) -> tup
 
 class _Stateless:
     index_settings = SGLANG_INDEX
+    models = None
 
     def commit(self, decision: Decision) -> None:
         pass

@@ -51,6 +51,7 @@ class CacheAwarePolicy:
     """SGLang's cache-aware routing over the router's approximate prefix index."""
 
     name = "cache_aware"
+    models = None
 
     def __init__(
         self,

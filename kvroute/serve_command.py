@@ -1,0 +1,103 @@
+"""``kvroute serve``: run the router service (uvicorn, uvloop, httptools)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from router_service.settings import SettingsError, load_settings
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the router in front of SGLang/OpenAI-compatible workers",
+        description="Run the kvroute router. Flags override KVROUTE_* environment "
+        "variables, which override the --config YAML file.",
+    )
+    p.add_argument("--config", default=None, help="YAML settings file")
+    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="bind port (default 8000)")
+    p.add_argument(
+        "--worker-urls",
+        nargs="+",
+        default=None,
+        metavar="URL",
+        help="worker base URLs, e.g. http://127.0.0.1:30001",
+    )
+    p.add_argument("--policy", default=None, help="routing policy (default lbgr)")
+    p.add_argument(
+        "--policy-params",
+        default=None,
+        metavar="JSON",
+        help='policy parameters, e.g. \'{"preset": "paper"}\' for cache_aware',
+    )
+    p.add_argument("--model", default=None, help="residual model spec for lbgr (name or JSON)")
+    p.add_argument("--model-sharing", choices=["per_worker", "shared"], default=None)
+    p.add_argument("--redis-url", default=None, help="share load across replicas via Redis")
+    p.add_argument("--cluster", default=None, help="namespace of shared state in Redis")
+    p.add_argument("--admin-token", default=None, help="bearer token for the control plane")
+    p.add_argument("--replica-id", default=None, help="this replica's name in metrics/explain")
+    p.add_argument("--model-snapshot-path", default=None, help="save/load models here")
+    p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
+    p.set_defaults(run=run, command_parser=p)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    params = None
+    if args.policy_params is not None:
+        try:
+            params = json.loads(args.policy_params)
+        except json.JSONDecodeError as exc:
+            parser.error(f"--policy-params is not valid JSON: {exc}")
+        if not isinstance(params, dict):
+            parser.error("--policy-params must be a JSON object")
+    try:
+        settings = load_settings(
+            args.config,
+            host=args.host,
+            port=args.port,
+            worker_urls=args.worker_urls,
+            policy=args.policy,
+            policy_params=params,
+            model=args.model,
+            model_sharing=args.model_sharing,
+            redis_url=args.redis_url,
+            cluster=args.cluster,
+            admin_token=args.admin_token,
+            replica_id=args.replica_id,
+            model_snapshot_path=args.model_snapshot_path,
+            log_level=args.log_level,
+        )
+    except SettingsError as exc:
+        parser.error(str(exc))
+    import uvicorn
+
+    from router_service.app import create_app
+    from router_service.errors import ServiceError
+
+    try:
+        app = create_app(settings)
+    except ServiceError as exc:
+        parser.error(exc.message)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
+    return 0

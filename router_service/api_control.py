@@ -1,0 +1,244 @@
+"""Control plane: workers, policy, models (hot swap, challenger). Bearer-token protected.
+
+When an admin token is configured every endpoint here needs ``Authorization: Bearer <token>``
+(compared in constant time); without one the control plane is open, for loopback set-ups.
+"""
+
+from __future__ import annotations
+
+import hmac
+import random
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import JSONResponse
+
+from models import ModelSpecError, NoChallenger, parse_spec
+from router_service.errors import ServiceError
+from router_service.routing import LBGRPolicy, RoutingPolicy, make_policy
+from router_service.settings import Settings, normalize_worker_url
+from router_service.state import ServiceState
+
+__all__ = ["build_policy", "router"]
+
+
+def _state(request: Request) -> ServiceState:
+    state: ServiceState = request.app.state.kvroute
+    return state
+
+
+def require_admin(request: Request) -> None:
+    token = _state(request).settings.admin_token
+    if token is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    expected = token.get_secret_value().encode()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+        raise ServiceError(
+            401,
+            "this endpoint needs 'Authorization: Bearer <admin token>'",
+            error_type="unauthorized",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+router = APIRouter(dependencies=[Depends(require_admin)], tags=["control plane"])
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WorkerBody(_Body):
+    url: str = Field(description="worker base URL, e.g. http://127.0.0.1:30001")
+
+
+class PolicyBody(_Body):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelBody(_Body):
+    spec: str | dict[str, Any] = Field(description='kind name or {"kind": ..., "params": {...}}')
+    worker: str | None = Field(None, description="swap only this worker's model")
+    sharing: str | None = Field(None, description="per_worker or shared")
+
+
+def _worker_view(state: ServiceState, url: str) -> dict[str, Any]:
+    w = state.pool.workers[url]
+    return {
+        **w.to_dict(),
+        "in_flight": state.router.in_flight.get(url, 0),
+        "pending_units": state.router.pending_units.get(url, 0),
+        "queue_ms": state.last_queue_ms.get(url, 0.0),
+        "index_units": state.router.index.units(url),
+    }
+
+
+@router.get("/workers")
+async def list_workers(request: Request) -> JSONResponse:
+    state = _state(request)
+    return JSONResponse({"workers": [_worker_view(state, u) for u in state.pool.urls()]})
+
+
+@router.post("/workers", status_code=201)
+async def add_worker(body: WorkerBody, request: Request) -> JSONResponse:
+    """Register a worker; it takes traffic once its /health answers."""
+    state = _state(request)
+    try:
+        url = normalize_worker_url(body.url)
+    except ValueError as exc:
+        raise ServiceError(400, f"url: {exc}", field="url") from None
+    if url in state.pool:
+        raise ServiceError(
+            409, f"worker {url} is already registered", field="url", error_type="conflict"
+        )
+    state.pool.add(url)
+    await state.pool.check(url)
+    return JSONResponse(_worker_view(state, url), status_code=201)
+
+
+@router.delete("/workers")
+async def remove_worker(request: Request, url: str | None = None) -> JSONResponse:
+    """Remove a worker (``?url=`` or a JSON body ``{"url"}``); its load and index go too."""
+    state = _state(request)
+    if url is None:
+        raw = await request.body()
+        try:
+            url = WorkerBody.model_validate_json(raw or b"{}").url
+        except ValueError:
+            raise ServiceError(
+                400, 'url: give the worker URL as ?url= or {"url": ...}', field="url"
+            ) from None
+    try:
+        url = normalize_worker_url(url)
+    except ValueError as exc:
+        raise ServiceError(400, f"url: {exc}", field="url") from None
+    if url not in state.pool:
+        raise ServiceError(
+            404, f"worker {url} is not registered", field="url", error_type="not_found"
+        )
+    state.pool.remove(url)
+    state.router.remove_worker(url)
+    await state.store.remove(url)
+    return JSONResponse({"removed": url, "workers": state.pool.urls()})
+
+
+def build_policy(
+    settings: Settings, rng: random.Random, name: str, params: dict[str, Any]
+) -> RoutingPolicy:
+    """A policy from the registry; lbgr defaults to the configured model and sharing."""
+    params = dict(params)
+    if name == "lbgr":
+        params.setdefault("model", settings.model)
+        params.setdefault("sharing", settings.model_sharing)
+    try:
+        return make_policy(name, random.Random(rng.getrandbits(64)), **params)
+    except (ValueError, ModelSpecError) as exc:
+        field = "name" if "unknown policy" in str(exc) else "params"
+        raise ServiceError(400, f"{field}: {exc}", field=field) from None
+
+
+@router.get("/policy")
+async def get_policy(request: Request) -> JSONResponse:
+    state = _state(request)
+    return JSONResponse({"name": state.router.policy.name, "params": state.policy_params})
+
+
+@router.put("/policy")
+async def put_policy(body: PolicyBody, request: Request) -> JSONResponse:
+    """Switch policy at run time; requests in flight finish under the old one."""
+    state = _state(request)
+    policy = build_policy(state.settings, state.rng, body.name, body.params)
+    old = state.router.policy.models
+    if isinstance(policy, LBGRPolicy) and old is not None and "model" not in body.params:
+        policy.models = old  # keep what the residual models learned
+    state.router.set_policy(policy)
+    state.policy_params = dict(body.params)
+    return JSONResponse({"name": policy.name, "params": state.policy_params})
+
+
+def _slot(state: ServiceState) -> Any:
+    slot = state.router.policy.models
+    if slot is None:
+        raise ServiceError(
+            409,
+            f"policy {state.router.policy.name!r} has no residual models; "
+            "switch to lbgr first (PUT /policy)",
+            error_type="conflict",
+        )
+    return slot
+
+
+@router.get("/models")
+async def get_models(request: Request) -> JSONResponse:
+    state = _state(request)
+    slot = state.router.policy.models
+    return JSONResponse(
+        {"policy": state.router.policy.name, "models": slot.status() if slot is not None else None}
+    )
+
+
+@router.put("/models")
+async def put_models(body: ModelBody, request: Request) -> JSONResponse:
+    """Hot swap: fresh models of ``spec`` for every worker, or for one worker."""
+    state = _state(request)
+    slot = _slot(state)
+    worker = None
+    if body.worker is not None:
+        try:
+            worker = normalize_worker_url(body.worker)
+        except ValueError as exc:
+            raise ServiceError(400, f"worker: {exc}", field="worker") from None
+        if worker not in state.pool:
+            raise ServiceError(
+                404, f"worker {worker} is not registered", field="worker", error_type="not_found"
+            )
+    try:
+        slot.swap(parse_spec(body.spec), worker=worker, sharing=body.sharing)
+    except (ModelSpecError, ValueError) as exc:
+        raise ServiceError(400, f"spec: {exc}", field="spec") from None
+    return JSONResponse(slot.status())
+
+
+@router.post("/models/challenger", status_code=201)
+async def start_challenger(body: ModelBody, request: Request) -> JSONResponse:
+    """Start a challenger that learns in shadow on the live stream."""
+    slot = _slot(_state(request))
+    try:
+        slot.start_challenger(parse_spec(body.spec), sharing=body.sharing)
+    except (ModelSpecError, ValueError) as exc:
+        raise ServiceError(400, f"spec: {exc}", field="spec") from None
+    return JSONResponse(slot.status(), status_code=201)
+
+
+@router.get("/models/challenger")
+async def challenger_status(request: Request) -> JSONResponse:
+    status = _slot(_state(request)).status()
+    return JSONResponse(
+        {
+            "champion": status["champion"],
+            "challenger": status["challenger"],
+            "version": status["version"],
+        }
+    )
+
+
+@router.delete("/models/challenger")
+async def drop_challenger(request: Request) -> JSONResponse:
+    slot = _slot(_state(request))
+    slot.drop_challenger()
+    return JSONResponse(slot.status())
+
+
+@router.post("/models/promote")
+async def promote(request: Request) -> JSONResponse:
+    """The challenger becomes the champion, with what it learned in shadow."""
+    slot = _slot(_state(request))
+    try:
+        slot.promote()
+    except NoChallenger as exc:
+        raise ServiceError(409, str(exc), error_type="conflict") from None
+    return JSONResponse(slot.status())

@@ -1,0 +1,132 @@
+"""Data-plane, explain, health and metrics endpoints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import JSONResponse, Response
+
+from router_service.errors import ServiceError
+from router_service.proxy import forward, read_body, route_only
+from router_service.request_parsing import detect_kind, load_json, parse_body
+from router_service.state import ServiceState
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+_BODY_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"type": "object", "additionalProperties": True}}
+        },
+    }
+}
+
+
+def _state(request: Request) -> ServiceState:
+    state: ServiceState = request.app.state.kvroute
+    return state
+
+
+@router.post("/generate", openapi_extra=_BODY_DOC, tags=["data plane"])
+async def generate(request: Request) -> Response:
+    """SGLang's native API: ``text`` or ``input_ids``, ``sampling_params``, ``stream``."""
+    return await forward(_state(request), request, "generate", "/generate")
+
+
+@router.post("/v1/completions", openapi_extra=_BODY_DOC, tags=["data plane"])
+async def completions(request: Request) -> Response:
+    return await forward(_state(request), request, "completions", "/v1/completions")
+
+
+@router.post("/v1/chat/completions", openapi_extra=_BODY_DOC, tags=["data plane"])
+async def chat_completions(request: Request) -> Response:
+    return await forward(_state(request), request, "chat", "/v1/chat/completions")
+
+
+@router.get("/v1/models", tags=["data plane"])
+async def list_models(request: Request) -> Response:
+    """The model list of a healthy worker (all workers serve the same model)."""
+    state = _state(request)
+    for url in state.pool.healthy_urls():
+        try:
+            async with state.http().get(
+                f"{url}/v1/models", timeout=aiohttp.ClientTimeout(total=5)
+            ) as resp:
+                body = await resp.read()
+                if resp.status == 200:
+                    return Response(body, media_type=resp.headers.get("content-type"))
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            continue
+    raise ServiceError(
+        503,
+        "no healthy worker answered /v1/models",
+        error_type="no_healthy_worker",
+        headers={"Retry-After": "1"},
+    )
+
+
+@router.post("/explain", openapi_extra=_BODY_DOC, tags=["explain"])
+async def explain(request: Request) -> JSONResponse:
+    """The decision the router would make now for this body; nothing is reserved or sent."""
+    state = _state(request)
+    body = load_json(await read_body(request, state.settings.max_body_bytes))
+    parsed = parse_body(body, detect_kind(body), "explain-" + state.new_request_id())
+    decision = route_only(state, parsed, await state.worker_statuses())
+    return JSONResponse(
+        {**decision.to_dict(), "dry_run": True, "replica_id": state.replica_id, "outcome": None}
+    )
+
+
+@router.get("/explain/{decision_id}", tags=["explain"])
+async def explain_recorded(decision_id: str, request: Request) -> JSONResponse:
+    """A recorded decision with its outcome (kept in a bounded ring buffer)."""
+    record = _state(request).decisions.get(decision_id)
+    if record is None:
+        raise ServiceError(
+            404,
+            f"no recorded decision {decision_id!r} (unknown, or aged out of the ring buffer)",
+            field="decision_id",
+            error_type="not_found",
+        )
+    return JSONResponse({**record, "dry_run": False})
+
+
+@router.get("/health", tags=["operations"])
+async def health(request: Request) -> JSONResponse:
+    """200 while at least one worker is healthy, else 503; says how the load store runs."""
+    state = _state(request)
+    snap = state.snapshot()
+    healthy = [u for u, w in snap["workers"].items() if w["healthy"]]
+    store = snap["store"]
+    if not healthy or state.draining:
+        status = "unavailable"
+    elif store.get("mode") == "embedded-fallback":
+        status = "degraded"
+    else:
+        status = "ok"
+    body: dict[str, Any] = {
+        "status": status,
+        "replica_id": state.replica_id,
+        "policy": state.router.policy.name,
+        "healthy_workers": len(healthy),
+        "workers": {
+            u: {"healthy": w["healthy"], "reason": w["reason"]} for u, w in snap["workers"].items()
+        },
+        "store": store,
+        "draining": state.draining,
+    }
+    return JSONResponse(body, status_code=200 if status != "unavailable" else 503)
+
+
+@router.get("/metrics", tags=["operations"])
+async def metrics(request: Request) -> Response:
+    state = _state(request)
+    if state.metrics is None:  # pragma: no cover - always set in the lifespan
+        raise ServiceError(503, "metrics are not ready")
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

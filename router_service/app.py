@@ -1,0 +1,201 @@
+"""``create_app(settings)``: the router service. No work at import, no module state.
+
+Everything is built in the lifespan (Starlette's lifespan state) and closed on shutdown:
+one pooled aiohttp client, one load store (embedded or Redis), the routing core, the worker
+health checker, the index trimmer and, when configured, periodic model snapshots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import aiohttp
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from kvroute import __version__
+from models import ModelSlot
+from models.persistence import SnapshotError, load, save
+from router_service.api_control import build_policy
+from router_service.api_control import router as control_router
+from router_service.api_data import router as data_router
+from router_service.decisions import DecisionLog
+from router_service.errors import ServiceError, error_response
+from router_service.load_store import make_store
+from router_service.metrics import Metrics
+from router_service.routing import LBGRPolicy, Router
+from router_service.settings import Settings
+from router_service.state import ServiceState
+from router_service.workers import WorkerPool
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("kvroute.app")
+
+
+def _build_state(settings: Settings) -> ServiceState:
+    rng = random.Random(secrets.randbits(64))
+    state = ServiceState(
+        settings=settings,
+        router=Router(build_policy(settings, rng, settings.policy, settings.policy_params)),
+        pool=WorkerPool(
+            lambda: state.http(),  # bound late: the session opens in the lifespan
+            timeout_s=settings.health_timeout_s,
+            unhealthy_after=settings.unhealthy_after_failures,
+            healthy_after=settings.healthy_after_successes,
+        ),
+        store=make_store(settings.redis_url, settings.cluster, settings.redis_timeout_ms),
+        decisions=DecisionLog(settings.explain_buffer),
+        replica_id=settings.replica_id or f"replica-{secrets.token_hex(4)}",
+        rng=rng,
+        policy_params=dict(settings.policy_params),
+    )
+    for url in settings.worker_urls:
+        state.pool.add(url)
+    state.metrics = Metrics(state.snapshot)
+    return state
+
+
+def _restore_models(state: ServiceState) -> None:
+    path = state.settings.model_snapshot_path
+    policy = state.router.policy
+    if path is None or policy.models is None or not path.exists():
+        return
+    try:
+        slot = load(path, _snapshot_key(state))
+    except (SnapshotError, OSError) as exc:
+        log.warning("ignoring model snapshot %s: %s", path, exc)
+        return
+    if isinstance(policy, LBGRPolicy):
+        policy.models = slot
+    log.info("loaded model snapshot %s (version %s)", path, slot.version)
+
+
+def _snapshot_key(state: ServiceState) -> bytes | None:
+    token = state.settings.admin_token
+    return token.get_secret_value().encode() if token else None
+
+
+def _save_models(state: ServiceState) -> None:
+    path, slot = state.settings.model_snapshot_path, state.router.policy.models
+    if path is None or not isinstance(slot, ModelSlot):
+        return
+    try:
+        save(slot, path, _snapshot_key(state))
+    except OSError as exc:
+        log.warning("model snapshot to %s failed: %s", path, exc)
+
+
+async def _every(interval_s: float, action: Callable[[], Awaitable[None] | None]) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            result = action()
+            if result is not None:
+                await result
+        except Exception:  # a periodic chore must never die silently
+            log.exception("periodic task failed")
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    state: ServiceState = app.state.kvroute
+    settings = state.settings
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+    state.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    _restore_models(state)
+    await asyncio.wait_for(state.pool.check_all(), settings.health_timeout_s + 1.0)
+
+    def trim() -> None:
+        state.router.maybe_trim(state.now_ms())
+
+    tasks = [
+        asyncio.create_task(state.pool.run(settings.health_interval_s), name="health"),
+        asyncio.create_task(_every(1.0, trim), name="trim"),
+    ]
+    if settings.model_snapshot_path is not None:
+        tasks.append(
+            asyncio.create_task(
+                _every(settings.model_snapshot_interval_s, lambda: _save_models(state)),
+                name="snapshot",
+            )
+        )
+    log.info(
+        "kvroute %s router %s: policy %s, %d workers, load store %s",
+        __version__,
+        state.replica_id,
+        state.router.policy.name,
+        len(state.pool.urls()),
+        state.store.status()["mode"],
+    )
+    try:
+        yield
+    finally:
+        state.draining = True
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        _save_models(state)
+        await state.session.close()
+        await state.store.close()
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def _service_error(request: Request, exc: ServiceError) -> Response:
+        return error_response(
+            exc.status, exc.message, error_type=exc.error_type, field=exc.field, headers=exc.headers
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid"}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        field = ".".join(loc) or "body"
+        return error_response(400, f"{field}: {first.get('msg', 'invalid')}", field=field)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        message = exc.detail if isinstance(exc.detail, str) else "HTTP error"
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        return error_response(
+            exc.status_code,
+            message,
+            error_type="not_found" if exc.status_code == 404 else "invalid_request_error",
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error_response(
+            500, "internal router error; see the router's log", error_type="internal_error"
+        )
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The router service for ``settings``; state is built now, connections in the lifespan."""
+    app = FastAPI(
+        title="kvroute",
+        version=__version__,
+        lifespan=_lifespan,
+        description="KV-cache-aware, learning-based router for LLM workers.",
+    )
+    app.state.kvroute = _build_state(settings)
+    _install_error_handlers(app)
+    app.include_router(data_router)
+    app.include_router(control_router)
+    return app

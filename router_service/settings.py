@@ -1,0 +1,159 @@
+"""One settings model for the router service, fed by flags, ``KVROUTE_*`` env and YAML.
+
+Precedence, highest first: command-line flags (passed as keyword arguments), environment
+variables (``KVROUTE_POLICY=lbgr``, ``KVROUTE_WORKER_URLS=http://a:30001,http://b:30002``),
+the YAML file given with ``--config`` / ``KVROUTE_CONFIG``, then the defaults below.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+__all__ = ["Settings", "SettingsError", "load_settings", "normalize_worker_url"]
+
+
+class SettingsError(ValueError):
+    """The configuration is invalid; the message names the setting and the fix."""
+
+
+def normalize_worker_url(url: str) -> str:
+    """``http://host:port`` with no trailing slash; anything else is refused."""
+    text = url.strip().rstrip("/")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"worker URL must look like http://host:port, got {url!r}")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"worker URL must not carry a query, fragment or credentials: {url!r}")
+    return text
+
+
+class Settings(BaseSettings):
+    """Everything ``kvroute serve`` can be told."""
+
+    model_config = SettingsConfigDict(env_prefix="KVROUTE_", extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    worker_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    policy: str = "lbgr"
+    policy_params: dict[str, Any] = Field(default_factory=dict)
+    model: str = "ewmean"
+    model_sharing: str = "per_worker"
+    redis_url: str | None = None
+    cluster: str = "default"  # namespaces shared state in Redis
+    redis_timeout_ms: float = Field(50.0, gt=0)
+    admin_token: SecretStr | None = None
+    replica_id: str | None = None
+    health_interval_s: float = Field(5.0, gt=0)
+    health_timeout_s: float = Field(2.0, gt=0)
+    unhealthy_after_failures: int = Field(2, ge=1)
+    healthy_after_successes: int = Field(1, ge=1)
+    connect_timeout_s: float = Field(5.0, gt=0)
+    request_timeout_s: float = Field(600.0, gt=0)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    explain_buffer: int = Field(10_000, ge=1)
+    model_snapshot_path: Path | None = None
+    model_snapshot_interval_s: float = Field(60.0, gt=0)
+    log_prompts: bool = False
+    log_level: str = "info"
+
+    @field_validator("worker_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [u for u in value.replace(",", " ").split() if u]
+        return value
+
+    @field_validator("worker_urls")
+    @classmethod
+    def _check_urls(cls, value: list[str]) -> list[str]:
+        urls = [normalize_worker_url(u) for u in value]
+        if len(set(urls)) != len(urls):
+            raise ValueError("worker URLs must be unique")
+        return urls
+
+    @field_validator("model_sharing")
+    @classmethod
+    def _check_sharing(cls, value: str) -> str:
+        if value not in ("per_worker", "shared"):
+            raise ValueError("model_sharing must be per_worker or shared")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis(cls, value: str | None) -> str | None:
+        if value is not None and urlsplit(value).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("redis_url must start with redis://, rediss:// or unix://")
+        return value
+
+    def redacted(self) -> dict[str, Any]:
+        """Settings as shown to operators: secrets and Redis passwords masked."""
+        data = self.model_dump(mode="json")
+        data["admin_token"] = "***" if self.admin_token else None
+        if self.redis_url:
+            parts = urlsplit(self.redis_url)
+            data["redis_url"] = self.redis_url.replace(parts.password or "\0", "***")
+        return data
+
+
+def _yaml_values(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise SettingsError(f"config file {path} must hold a mapping of settings")
+    return {str(k).replace("-", "_"): v for k, v in loaded.items()}
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], values: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self.values = values
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self.values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self.values)
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build Settings from flags (``overrides``, None values ignored), env and YAML."""
+    path = config_file or os.environ.get("KVROUTE_CONFIG")
+    values = _yaml_values(Path(path) if path else None)
+
+    class _Configured(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, _YamlSource(settings_cls, values))
+
+    from pydantic import ValidationError
+
+    try:
+        configured = _Configured(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise SettingsError(f"invalid settings: {problems}") from None
+    return configured

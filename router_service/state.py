@@ -1,0 +1,88 @@
+"""Everything one router replica holds, built in the app's lifespan and passed down."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from models import ModelSlot
+from router_service.decisions import DecisionLog
+from router_service.load_store import LoadStore
+from router_service.metrics import Metrics
+from router_service.routing import Router, WorkerStatus
+from router_service.settings import Settings
+from router_service.workers import WorkerPool
+
+__all__ = ["ServiceState"]
+
+
+@dataclass
+class ServiceState:
+    settings: Settings
+    router: Router
+    pool: WorkerPool
+    store: LoadStore
+    decisions: DecisionLog
+    replica_id: str
+    rng: random.Random
+    session: aiohttp.ClientSession | None = None
+    metrics: Metrics | None = None
+    started_s: float = field(default_factory=time.time)
+    last_queue_ms: dict[str, float] = field(default_factory=dict)
+    prompt_units: dict[str, int] = field(default_factory=dict)
+    cached_units: dict[str, int] = field(default_factory=dict)
+    draining: bool = False
+    policy_params: dict[str, Any] = field(default_factory=dict)
+
+    def http(self) -> aiohttp.ClientSession:
+        if self.session is None:
+            raise RuntimeError("the HTTP client is not started (outside the app lifespan)")
+        return self.session
+
+    def new_request_id(self) -> str:
+        return uuid.UUID(int=self.rng.getrandbits(128), version=4).hex
+
+    def now_ms(self) -> float:
+        return time.monotonic() * 1000.0
+
+    async def worker_statuses(self) -> list[WorkerStatus]:
+        """Health from the pool, decayed queue load from the store (one round trip)."""
+        urls = self.pool.urls()
+        queue = await self.store.read_many(urls)
+        self.last_queue_ms = queue
+        return self.pool.statuses(queue)
+
+    def model_slot(self) -> ModelSlot | None:
+        """The learning policy's ModelSlot, or None when the policy does not learn."""
+        return self.router.policy.models
+
+    def snapshot(self) -> dict[str, Any]:
+        """Live figures for /metrics and /health (computed on demand, not per request)."""
+        slot = self.model_slot()
+        index = self.router.index
+        workers = {}
+        for url, w in self.pool.workers.items():
+            prompt = self.prompt_units.get(url, 0)
+            workers[url] = {
+                "healthy": w.healthy,
+                "reason": w.reason,
+                "queue_ms": self.last_queue_ms.get(url, 0.0),
+                "in_flight": self.router.in_flight.get(url, 0),
+                "index_units": index.units(url),
+                "hit_ratio_estimate": self.cached_units.get(url, 0) / prompt if prompt else 0.0,
+            }
+        models = {}
+        if slot is not None:
+            status = slot.status()
+            models = {"champion": status["champion"], "challenger": status["challenger"]}
+        return {
+            "workers": workers,
+            "models": models,
+            "model_version": slot.version if slot is not None else None,
+            "store": self.store.status(),
+        }

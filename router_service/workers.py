@@ -1,0 +1,135 @@
+"""The fleet as the service sees it: registered workers and their health.
+
+A worker is identified by its base URL as configured. A background task polls each worker's
+``/health``; a worker turns unhealthy after ``unhealthy_after_failures`` failed checks in a row
+and healthy again after ``healthy_after_successes`` good ones. The data plane reports passive
+failures (connection errors) through ``record_failure`` too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from router_service.routing import WorkerStatus
+
+__all__ = ["WorkerPool", "WorkerState"]
+
+log = logging.getLogger("kvroute.workers")
+
+
+@dataclass(slots=True)
+class WorkerState:
+    url: str
+    healthy: bool = False
+    reason: str | None = "not checked yet"
+    failures: int = 0
+    successes: int = 0
+    last_check_s: float | None = None
+    added_s: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "url": self.url,
+            "healthy": self.healthy,
+            "reason": self.reason,
+            "consecutive_failures": self.failures,
+            "last_check_s": self.last_check_s,
+        }
+
+
+class WorkerPool:
+    """Registered workers in the order they were added, with health state."""
+
+    def __init__(
+        self,
+        session: Callable[[], aiohttp.ClientSession],
+        *,
+        timeout_s: float = 2.0,
+        unhealthy_after: int = 2,
+        healthy_after: int = 1,
+    ) -> None:
+        self._session = session
+        self.timeout_s = timeout_s
+        self.unhealthy_after = unhealthy_after
+        self.healthy_after = healthy_after
+        self.workers: dict[str, WorkerState] = {}
+
+    def __contains__(self, url: str) -> bool:
+        return url in self.workers
+
+    def urls(self) -> list[str]:
+        return list(self.workers)
+
+    def add(self, url: str) -> WorkerState:
+        if url in self.workers:
+            raise KeyError(url)
+        state = self.workers[url] = WorkerState(url)
+        return state
+
+    def remove(self, url: str) -> None:
+        del self.workers[url]
+
+    def statuses(self, queue_ms: dict[str, float]) -> list[WorkerStatus]:
+        return [
+            WorkerStatus(s.url, s.healthy, s.reason, queue_ms.get(s.url, 0.0))
+            for s in self.workers.values()
+        ]
+
+    def healthy_urls(self) -> list[str]:
+        return [s.url for s in self.workers.values() if s.healthy]
+
+    def record_success(self, url: str) -> None:
+        state = self.workers.get(url)
+        if state is None:
+            return
+        state.failures = 0
+        state.successes += 1
+        if not state.healthy and state.successes >= self.healthy_after:
+            state.healthy, state.reason = True, None
+            log.info("worker %s is healthy", url)
+
+    def record_failure(self, url: str, reason: str) -> None:
+        state = self.workers.get(url)
+        if state is None:
+            return
+        state.successes = 0
+        state.failures += 1
+        if state.healthy and state.failures >= self.unhealthy_after:
+            state.healthy = False
+            log.warning("worker %s is unhealthy: %s", url, reason)
+        if not state.healthy:
+            state.reason = reason
+
+    async def check(self, url: str) -> bool:
+        """One ``GET {url}/health``; updates the worker's state."""
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        try:
+            async with self._session().get(f"{url}/health", timeout=timeout) as resp:
+                await resp.read()
+                ok = resp.status == 200
+                reason = None if ok else f"/health answered {resp.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            ok, reason = False, f"/health failed: {type(exc).__name__}: {exc}"[:200]
+        state = self.workers.get(url)
+        if state is not None:
+            state.last_check_s = time.time()
+        if ok:
+            self.record_success(url)
+        else:
+            self.record_failure(url, reason or "unhealthy")
+        return ok
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(url) for url in self.urls()))
+
+    async def run(self, interval_s: float) -> None:
+        """Poll every worker's /health every ``interval_s``; cancelled on shutdown."""
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.check_all()
