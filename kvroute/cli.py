@@ -23,9 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kvroute {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    from kvroute import serve_command, sim_command
+    from kvroute import emulate_command, serve_command, sim_command
 
     serve_command.add_parser(sub)
+    emulate_command.add_parser(sub)
     sim_command.add_parser(sub)
     return parser
 

@@ -1,0 +1,81 @@
+"""``kvroute emulate``: one emulated SGLang worker (no GPU) on HOST:PORT."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sim.profiles import PROFILES
+
+__all__ = ["add_parser"]
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "emulate",
+        help="run one emulated SGLang worker (no GPU)",
+        description="An HTTP server speaking SGLang's API, backed by kvroute's "
+        "reference radix cache and a calibrated service model.",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--eviction", choices=["lru", "rlt"], default="lru")
+    p.add_argument(
+        "--capacity-tokens",
+        type=_positive_int,
+        default=None,
+        help="KV capacity in tokens (default: the profile's)",
+    )
+    p.add_argument("--profile", choices=sorted(PROFILES), default="llama3.1-8b-l40")
+    p.add_argument(
+        "--time-scale",
+        type=_positive_float,
+        default=1.0,
+        help="emulated time runs this many times faster than real time",
+    )
+    p.add_argument("--page-size", type=_positive_int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model-name", default="kvroute-emulated")
+    p.set_defaults(run=run, command_parser=p)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if not 0 < args.port < 65536:
+        parser.error(f"--port must be in 1..65535, got {args.port}")
+    from aiohttp import web
+
+    from sim.emulator import EmulatorConfig, create_emulator_app
+
+    config = EmulatorConfig(
+        profile=args.profile,
+        eviction=args.eviction,
+        capacity_tokens=args.capacity_tokens,
+        time_scale=args.time_scale,
+        page_size=args.page_size,
+        seed=args.seed,
+        model_name=args.model_name,
+    )
+    web.run_app(
+        create_emulator_app(config), host=args.host, port=args.port, print=None, access_log=None
+    )
+    return 0
