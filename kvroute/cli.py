@@ -23,11 +23,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kvroute {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    from kvroute import emulate_command, serve_command, sim_command
+    from kvroute import (
+        bench_command,
+        cluster_command,
+        emulate_command,
+        serve_command,
+        sim_command,
+    )
 
     serve_command.add_parser(sub)
     emulate_command.add_parser(sub)
     sim_command.add_parser(sub)
+    bench_command.add_parser(sub)
+    cluster_command.add_parser(sub)
     return parser
 
 

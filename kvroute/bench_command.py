@@ -1,0 +1,118 @@
+"""``kvroute bench --url ROUTER_URL``: open-loop load against a router (or one worker).
+
+Prints a table; with ``--json`` the last stdout line is the DESIGN 7 summary. The hit rate is
+read from the workers' ``/metrics`` (``--worker-urls``; found automatically behind a kvroute
+router). ``--log`` writes one JSON line per request, ``--plot`` a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: Any) -> None:
+    from kvroute.sim_command import _positive_float, add_workload_arguments
+
+    p = sub.add_parser(
+        "bench",
+        help="open-loop load generator (streams to time TTFT)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--url", required=True, help="router (or worker) base URL")
+    p.add_argument("--api", choices=["generate", "completions"], default="generate")
+    p.add_argument("--model", default="default", help="model name for /v1/completions")
+    p.add_argument(
+        "--time-scale",
+        type=_positive_float,
+        default=1.0,
+        help="workers run this many times faster: arrivals are compressed and "
+        "latencies reported in emulated seconds",
+    )
+    p.add_argument(
+        "--worker-urls",
+        nargs="+",
+        default=None,
+        metavar="URL",
+        help="workers whose /metrics give the hit rate",
+    )
+    p.add_argument("--admin-token", default=None, help="for a kvroute router's /workers")
+    p.add_argument("--policy-label", default=None, help="policy name for the summary")
+    p.add_argument("--eviction-label", default=None, help="eviction name for the summary")
+    p.add_argument("--timeout-s", type=_positive_float, default=600.0)
+    p.add_argument("--json", action="store_true", help="print the JSON summary last")
+    p.add_argument("--out", default=None, help="write the JSON summary here")
+    p.add_argument("--log", default=None, help="write per-request JSON lines here")
+    p.add_argument("--plot", default=None, help="write a PNG of latencies here")
+    p.add_argument("--no-progress", action="store_true")
+    add_workload_arguments(p)
+    p.set_defaults(run=run, command_parser=p)
+
+
+async def run_async(args: argparse.Namespace) -> dict[str, Any]:
+    from kvroute.sim_command import build_workload
+    from sim.loadgen import BenchConfig, benchmark, discover, eviction_of, write_log
+    from sim.report import markdown_table
+
+    url = args.url.rstrip("/")
+    headers = {"Authorization": f"Bearer {args.admin_token}"} if args.admin_token else {}
+    about = await discover(url, headers)
+    workers = args.worker_urls or [w["url"] for w in about.get("workers", {}).get("workers", [])]
+    policy = args.policy_label or about.get("policy", {}).get("name", "unknown")
+    eviction = args.eviction_label or await eviction_of(workers)
+    workload = list(build_workload(args))
+    config = BenchConfig(
+        url=url,
+        api=args.api,
+        model=args.model,
+        time_scale=args.time_scale,
+        timeout_s=args.timeout_s,
+        worker_urls=workers,
+    )
+    bar = None
+    if not args.no_progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(workload), unit="req", file=sys.stderr, desc="bench")
+    summary, results = await benchmark(
+        workload,
+        config,
+        policy=policy,
+        eviction=eviction,
+        on_done=(lambda _: bar.update(1)) if bar is not None else None,
+        workload_name=args.workload,
+        order=args.order,
+        rate=args.rate,
+        url=url,
+    )
+    if bar is not None:
+        bar.close()
+    print(markdown_table([summary]))
+    if args.log:
+        write_log(args.log, results)
+    if args.plot:
+        from sim.plots import plot_rows
+
+        lat = {f"{policy}+{eviction}": [r.latency_s for r in results if r.latency_s]}
+        plot_rows(
+            [{**summary, "label": f"{policy}+{eviction}"}], lat, args.plot, f"kvroute bench {url}"
+        )
+    return summary
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if not args.url.startswith(("http://", "https://")):
+        parser.error(f"--url must start with http:// or https://, got {args.url!r}")
+    summary = asyncio.run(run_async(args))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(summary, fh, indent=2, sort_keys=True)
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    return 0 if summary["completed"] else 1

@@ -1,0 +1,111 @@
+"""``kvroute cluster``: an emulated fleet behind the router, traffic, a table, an /explain.
+
+Starts ``--workers`` emulated SGLang workers and a kvroute router (no GPU, no Redis), sends the
+workload once per ``--policy`` (each on freshly flushed workers), prints the results table
+and one ``/explain`` sample, and stops every process on exit or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import urllib.request
+from typing import Any
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: Any) -> None:
+    from kvroute.sim_command import _positive_float, _positive_int, add_workload_arguments
+
+    p = sub.add_parser(
+        "cluster",
+        help="emulated workers + router + traffic, one command",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--workers", type=_positive_int, default=4)
+    p.add_argument("--eviction", choices=["lru", "rlt"], default="rlt")
+    p.add_argument(
+        "--policy",
+        nargs="+",
+        default=["lbgr", "cache_aware", "round_robin"],
+        metavar="NAME",
+        help="kvroute policies to run, one after another",
+    )
+    p.add_argument("--capacity-tokens", type=_positive_int, default=None)
+    p.add_argument("--profile", default="llama3.1-8b-l40")
+    p.add_argument(
+        "--time-scale",
+        type=_positive_float,
+        default=10.0,
+        help="emulated time runs this many times faster than real time",
+    )
+    p.add_argument("--log-dir", default=None, help="keep worker and router logs here")
+    p.add_argument("--json", action="store_true", help="print all summaries as JSON last")
+    add_workload_arguments(p)
+    p.set_defaults(run=run, command_parser=p)
+
+
+def _explain_sample(router_url: str, prompt_ids: list[int]) -> dict[str, Any]:
+    body = json.dumps({"input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 4}})
+    req = urllib.request.Request(
+        router_url + "/explain",
+        data=body.encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:  # loopback
+        result: dict[str, Any] = json.loads(resp.read())
+    return result
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from engine_ext.cache.keys import key_to_ids
+    from kvroute.sim_command import build_workload
+    from sim.loadgen import BenchConfig, benchmark
+    from sim.local_cluster import LocalCluster
+    from sim.report import markdown_table
+
+    workload = list(build_workload(args))
+    rows: list[dict[str, Any]] = []
+    explain: dict[str, Any] = {}
+    with LocalCluster(
+        workers=args.workers,
+        eviction=args.eviction,
+        capacity_tokens=args.capacity_tokens,
+        profile=args.profile,
+        time_scale=args.time_scale,
+        log_dir=args.log_dir,
+    ) as cluster:
+        print(
+            f"starting {args.workers} emulated workers ({args.eviction}, time scale "
+            f"{args.time_scale:g}x)...",
+            file=sys.stderr,
+        )
+        cluster.start_workers(seed=args.seed)
+        for policy in args.policy:
+            cluster.flush()
+            url = cluster.start_router("kvroute", policy)
+            print(
+                f"{policy}: {len(workload)} requests at {args.rate:g} req/s "
+                f"(emulated) through {url}",
+                file=sys.stderr,
+            )
+            config = BenchConfig(
+                url=url, time_scale=args.time_scale, worker_urls=list(cluster.worker_urls)
+            )
+            summary, _ = asyncio.run(
+                benchmark(workload, config, policy=policy, eviction=args.eviction)
+            )
+            rows.append(summary)
+            if policy == args.policy[0]:
+                explain = _explain_sample(url, key_to_ids(workload[0].prompt))
+    print(markdown_table(rows))
+    print(f"\n/explain for the first prompt of the workload, after the run ({args.policy[0]}):")
+    print(json.dumps(explain, indent=2))
+    if args.json:
+        print(json.dumps({"rows": rows}, sort_keys=True))
+    return 0 if all(r["completed"] for r in rows) else 1

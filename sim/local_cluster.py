@@ -1,0 +1,195 @@
+"""Start emulated workers and a router as local processes, and stop them all again.
+
+Used by ``kvroute cluster``, the router comparison benchmark and the end-to-end tests. Every
+process runs in its own process group and is terminated (then killed) on ``stop``, on an
+exception, and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+
+__all__ = ["LocalCluster", "free_port", "wait_healthy"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_healthy(
+    url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None, path: str = "/health"
+) -> None:
+    """Poll ``url + path`` until it answers 200; raise with the process's output otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url} exited with status {proc.returncode} before it was healthy")
+        try:
+            with urllib.request.urlopen(url + path, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError, TimeoutError):
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url}{path} was not healthy within {timeout_s:.0f} s")
+
+
+@dataclass
+class LocalCluster:
+    """N emulated workers plus at most one router, all on loopback."""
+
+    workers: int = 4
+    eviction: str = "rlt"
+    capacity_tokens: int | None = None
+    profile: str = "llama3.1-8b-l40"
+    time_scale: float = 1.0
+    host: str = "127.0.0.1"
+    log_dir: str | None = None
+    worker_urls: list[str] = field(default_factory=list)
+    router_url: str | None = None
+    _workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _router: subprocess.Popen[bytes] | None = None
+
+    def _spawn(self, args: Sequence[str], name: str) -> subprocess.Popen[bytes]:
+        if not self.log_dir:
+            return subprocess.Popen(
+                list(args),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        os.makedirs(self.log_dir, exist_ok=True)
+        with open(os.path.join(self.log_dir, f"{name}.log"), "wb") as log:
+            return subprocess.Popen(
+                list(args), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def start_workers(self, seed: int = 0) -> list[str]:
+        for i in range(self.workers):
+            port = free_port(self.host)
+            args = [
+                sys.executable,
+                "-m",
+                "kvroute",
+                "emulate",
+                "--host",
+                self.host,
+                "--port",
+                str(port),
+                "--eviction",
+                self.eviction,
+                "--profile",
+                self.profile,
+                "--time-scale",
+                repr(self.time_scale),
+                "--seed",
+                str(seed + i),
+            ]
+            if self.capacity_tokens:
+                args += ["--capacity-tokens", str(self.capacity_tokens)]
+            self._workers.append(self._spawn(args, f"worker-{i}"))
+            self.worker_urls.append(f"http://{self.host}:{port}")
+        for url, proc in zip(self.worker_urls, self._workers, strict=True):
+            wait_healthy(url, 60, proc)
+        return self.worker_urls
+
+    def start_router(
+        self, kind: str = "kvroute", policy: str = "lbgr", extra: Sequence[str] = ()
+    ) -> str:
+        """Start ``kvroute serve`` or ``sglang-router`` in front of the workers."""
+        self.stop_router()
+        port = free_port(self.host)
+        if kind == "kvroute":
+            args = [
+                sys.executable,
+                "-m",
+                "kvroute",
+                "serve",
+                "--host",
+                self.host,
+                "--port",
+                str(port),
+                "--policy",
+                policy,
+                "--worker-urls",
+                *self.worker_urls,
+                *extra,
+            ]
+        elif kind == "sglang-router":
+            args = [
+                sys.executable,
+                "-m",
+                "sglang_router.launch_router",
+                "--host",
+                self.host,
+                "--port",
+                str(port),
+                "--policy",
+                policy,
+                "--worker-urls",
+                *self.worker_urls,
+                *extra,
+            ]
+        else:
+            raise ValueError(f"unknown router kind {kind!r}; use kvroute or sglang-router")
+        self._router = self._spawn(args, f"router-{kind}-{policy}")
+        self.router_url = f"http://{self.host}:{port}"
+        wait_healthy(self.router_url, 60, self._router)
+        return self.router_url
+
+    def flush(self) -> None:
+        """Empty every worker's cache (between benchmark rows)."""
+        for url in self.worker_urls:
+            req = urllib.request.Request(url + "/flush_cache", method="POST")
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"{url} refused to flush its cache")
+
+    def stop_router(self) -> None:
+        if self._router is not None:
+            _terminate(self._router)
+            self._router, self.router_url = None, None
+
+    def stop(self) -> None:
+        self.stop_router()
+        for proc in self._workers:
+            _terminate(proc)
+        self._workers.clear()
+        self.worker_urls.clear()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _terminate(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
