@@ -35,7 +35,8 @@ class Router:
         self.index = index if index is not None else PrefixIndex()
         self.in_flight: dict[str, int] = {}
         self.pending_units: dict[str, int] = {}  # uncached units routed, not yet completed
-        self._open: dict[str, tuple[str, int]] = {}  # decision id -> (worker, uncached units)
+        # decision id -> (worker, uncached units, the policy that made it)
+        self._open: dict[str, tuple[str, int, RoutingPolicy]] = {}
         self._last_match: tuple[str, dict[str, int]] = ("", {})
         self._last_trim_ms = 0.0
 
@@ -82,7 +83,7 @@ class Router:
         self.index.insert(request.key, chosen, now_ms)
         self.in_flight[chosen] = self.in_flight.get(chosen, 0) + 1
         self.pending_units[chosen] = self.pending_units.get(chosen, 0) + uncached
-        self._open[decision.decision_id] = (chosen, uncached)
+        self._open[decision.decision_id] = (chosen, uncached, self.policy)
 
     def route(
         self, request: RouteRequest, workers: Sequence[WorkerStatus], now_ms: float
@@ -97,12 +98,16 @@ class Router:
         if count > 0:
             self.in_flight[decision.chosen] = count - 1
         opened = self._open.pop(decision.decision_id, None)
-        if opened is not None and opened[0] in self.pending_units:
-            worker, units = opened
+        if opened is None:  # never committed here: only the current policy can judge it
+            if decision.policy != self.policy.name:
+                return None
+            return self.policy.complete(decision, outcome)
+        worker, units, policy = opened
+        if worker in self.pending_units:
             self.pending_units[worker] = max(0, self.pending_units[worker] - units)
-        if decision.policy != self.policy.name:
-            return None  # made by a policy that has since been swapped out
-        return self.policy.complete(decision, outcome)
+        # The policy that made the decision learns from it, even if it was swapped out since
+        # (a swap that keeps the residual models hands them to the new policy).
+        return policy.complete(decision, outcome)
 
     def maybe_trim(self, now_ms: float) -> int:
         """Trim the index when the policy's trim interval has passed; returns units dropped."""

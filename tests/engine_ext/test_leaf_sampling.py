@@ -1,0 +1,219 @@
+"""The batched RLT sampler against the literal per-page definition (DESIGN 3.3).
+
+The literal loop is written here from the definition: ``need`` times, pick one candidate leaf
+uniformly at random and drop one page from it; a leaf that empties leaves the set and its
+parent joins when it is now childless and neither marked nor locked. Both are run many times
+on a small tree with nested parents and the distributions of the per-node evicted pages are
+compared with a chi-square test of homogeneity.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from scipy.stats import chi2_contingency
+
+from engine_ext.cache.leaf_sampling import draw_leaf_evictions
+
+
+@dataclass(eq=False)
+class Node:
+    """A tree node in pages; ``blocked`` stands for marked or locked (it never joins)."""
+
+    name: str
+    pages: int
+    parent: Node | None = None
+    blocked: bool = False
+    children: int = 0
+
+
+SMALL = {"A": 3, "A1": 2, "A2": 1, "B": 2, "B1": 1, "B11": 2, "C": 4, "E": 2, "E1": 1}
+# Leaves of 2 pages or more: the sampler starts with whole multinomial rounds and switches to
+# the continuous-time draw once the smallest leaf shrinks (both paths in one draw).
+BIG = {"A": 3, "A1": 3, "A2": 2, "B": 2, "B1": 2, "B11": 3, "C": 5, "E": 2, "E1": 2}
+
+
+def small_tree(sizes: dict[str, int] = SMALL) -> tuple[list[Node], list[Node]]:
+    """Leaves (initial candidates, in order) and every node, in a fixed order.
+
+    Pages per node as in ``SMALL`` (shown) or ``BIG``::
+
+        root -+- A(3) -+- A1(2)        A joins when A1 and A2 have both emptied
+              |        +- A2(1)
+              +- B(2) --- B1(1) --- B11(2)   nested: B11 empties -> B1 joins -> B joins
+              +- C(4)
+              +- E(2, marked) --- E1(1)      E never joins
+    """
+    a = Node("A", sizes["A"])
+    b = Node("B", sizes["B"])
+    b1 = Node("B1", sizes["B1"], b)
+    e = Node("E", sizes["E"], blocked=True)
+    leaves = [
+        Node("A1", sizes["A1"], a),
+        Node("A2", sizes["A2"], a),
+        Node("B11", sizes["B11"], b1),
+        Node("C", sizes["C"]),
+        Node("E1", sizes["E1"], e),
+    ]
+    everything = [*leaves, a, b1, b, e]
+    for node in everything:
+        if node.parent is not None:
+            node.parent.children += 1
+    return leaves, everything
+
+
+def joins_tracker() -> Callable[[Node], tuple[Node, int] | None]:
+    """A fresh ``parent_joins`` callback (it counts the children left per parent)."""
+    left: dict[Node, int] = {}
+
+    def parent_joins(leaf: Node) -> tuple[Node, int] | None:
+        parent = leaf.parent
+        if parent is None or parent.blocked:
+            return None
+        left[parent] = left.get(parent, parent.children) - 1
+        return (parent, parent.pages) if left[parent] == 0 else None
+
+    return parent_joins
+
+
+def literal_evictions(leaves: list[Node], need: int, rng: random.Random) -> dict[Node, int]:
+    """The definition, one page at a time."""
+    active = [[leaf, leaf.pages] for leaf in leaves]
+    parent_joins = joins_tracker()
+    dropped: Counter[Node] = Counter()
+    for _ in range(need):
+        if not active:
+            break
+        i = rng.randrange(len(active))
+        node, left = active[i]
+        dropped[node] += 1
+        if left > 1:
+            active[i][1] = left - 1
+            continue
+        active.pop(i)
+        joined = parent_joins(node)
+        if joined is not None:
+            active.append(list(joined))
+    return dict(dropped)
+
+
+def batched_evictions(leaves: list[Node], need: int, gen: np.random.Generator) -> dict[Node, int]:
+    plan = draw_leaf_evictions([(leaf, leaf.pages) for leaf in leaves], need, gen, joins_tracker())
+    out: dict[Node, int] = {}
+    for node, pages in plan:
+        assert node not in out, f"{node.name} appears twice in the plan"
+        out[node] = pages
+    return out
+
+
+def outcome(dropped: dict[Node, int], everything: list[Node]) -> tuple[int, ...]:
+    return tuple(dropped.get(node, 0) for node in everything)
+
+
+SAMPLES = 6_000  # detects, e.g., parents' clocks running 30% fast (p < 1e-4)
+REACHABLE_PAGES = 2 + 1 + 2 + 4 + 1 + 3 + 1 + 2  # leaves plus A, B1, B (E is marked)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "need"),
+    [
+        (SMALL, 1),  # one pick
+        (SMALL, 2),  # A2 and E1 (one page) may empty
+        (SMALL, 5),  # leaves empty, A and B1 may join
+        (SMALL, 9),  # around the leaves' total (10): parents join in most runs
+        (SMALL, 13),  # deep into the parents: B joins after B1
+        (BIG, 12),  # multinomial rounds, then the continuous-time draw
+        (BIG, 18),  # beyond the leaves' total (15)
+    ],
+    ids=["small-1", "small-2", "small-5", "small-9", "small-13", "big-12", "big-18"],
+)
+def test_batched_sampler_matches_the_per_page_definition(sizes: dict[str, int], need: int) -> None:
+    leaves, everything = small_tree(sizes)
+    rng = random.Random(1234 + need)
+    gen = np.random.default_rng(4321 + need)
+    literal_draws = [
+        outcome(literal_evictions(leaves, need, rng), everything) for _ in range(SAMPLES)
+    ]
+    batched_draws = [
+        outcome(batched_evictions(leaves, need, gen), everything) for _ in range(SAMPLES)
+    ]
+    for result in batched_draws:
+        assert sum(result) == need, "every draw drops exactly `need` pages when enough exist"
+    # Joint distribution of the per-node counts: chi-square test of homogeneity, rare
+    # outcomes pooled so that every cell of the table is well populated.
+    literal, batched = Counter(literal_draws), Counter(batched_draws)
+    common = sorted(o for o in literal.keys() | batched.keys() if literal[o] + batched[o] >= 20)
+    table = [[literal[o] for o in common], [batched[o] for o in common]]
+    rare = [SAMPLES - sum(row) for row in table]
+    if sum(rare) >= 20:
+        for row, count in zip(table, rare, strict=True):
+            row.append(count)
+    if len(table[0]) > 1:
+        p_value = chi2_contingency(np.asarray(table)).pvalue
+        assert p_value > 0.001, f"need={need}: distributions differ (p={p_value:.2e})"
+    else:
+        assert literal == batched
+    # Mean pages per node: a sharper check of one statistic.
+    lit, bat = np.asarray(literal_draws, float), np.asarray(batched_draws, float)
+    stderr = np.sqrt((lit.var(axis=0) + bat.var(axis=0)) / SAMPLES) + 1e-12
+    z = np.abs(lit.mean(axis=0) - bat.mean(axis=0)) / stderr
+    assert (z < 4.5).all(), dict(zip([x.name for x in everything], z.round(2), strict=True))
+
+
+@pytest.mark.parametrize("need", [REACHABLE_PAGES, REACHABLE_PAGES + 1, 100])
+def test_need_at_or_above_every_reachable_page_drops_them_all(need: int) -> None:
+    leaves, everything = small_tree()
+    dropped = batched_evictions(leaves, need, np.random.default_rng(need))
+    expected = {node: node.pages for node in everything if node.name not in ("E",)}
+    assert dropped == expected
+
+
+def test_plan_lists_emptied_leaves_in_order_children_first_then_partial_trims() -> None:
+    gen = np.random.default_rng(11)
+    saw_partial = saw_parent = False
+    for _ in range(2_000):
+        leaves, _ = small_tree()
+        plan = draw_leaf_evictions([(leaf, leaf.pages) for leaf in leaves], 9, gen, joins_tracker())
+        full = [i for i, (node, pages) in enumerate(plan) if pages == node.pages]
+        partial = [i for i, (node, pages) in enumerate(plan) if 0 < pages < node.pages]
+        assert len(full) + len(partial) == len(plan), "no entry drops 0 pages"
+        assert not full or not partial or max(full) < min(partial), "emptied leaves come first"
+        position = {node: i for i, (node, _) in enumerate(plan)}
+        for node, i in position.items():
+            if node.parent is not None and node.parent in position:
+                saw_parent = True
+                assert i < position[node.parent], f"{node.name} must come before its parent"
+                assert plan[i][1] == node.pages, "a parent is only trimmed once its child is gone"
+        saw_partial = saw_partial or bool(partial)
+    assert saw_partial
+    assert saw_parent
+
+
+@pytest.mark.parametrize("need", [0, -3])
+def test_nothing_to_do_for_non_positive_need(need: int) -> None:
+    leaves, _ = small_tree()
+    gen = np.random.default_rng(0)
+    assert draw_leaf_evictions([(x, x.pages) for x in leaves], need, gen, joins_tracker()) == []
+
+
+def test_nothing_to_do_without_candidates() -> None:
+    assert draw_leaf_evictions([], 5, np.random.default_rng(0), joins_tracker()) == []
+
+
+def test_small_need_uses_uniform_picks_over_all_candidates() -> None:
+    """need <= every leaf's size: nothing empties early; picks are uniform over leaves."""
+    leaves = [Node(f"L{i}", 10) for i in range(4)]
+    gen = np.random.default_rng(3)
+    totals = Counter[str]()
+    for _ in range(5_000):
+        plan = draw_leaf_evictions([(x, x.pages) for x in leaves], 3, gen, joins_tracker())
+        assert sum(pages for _, pages in plan) == 3
+        for node, pages in plan:
+            totals[node.name] += pages
+    # 15000 picks over 4 leaves: each near 3750 (sd ~53).
+    assert all(abs(totals[x.name] - 3_750) < 300 for x in leaves), totals

@@ -1,0 +1,236 @@
+"""RLT eviction: marking phases exactly as DESIGN 3.3 says, and its per-token distribution."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy.stats import chi2_contingency
+
+from engine_ext.cache import RadixCache, RLTEviction
+
+A, B, D, E = (1,) * 4, (2,) * 4, (3,) * 4, (4,) * 8
+
+
+def rlt_cache(capacity: int, page_size: int = 1, seed: int = 0) -> tuple[RadixCache, RLTEviction]:
+    cache = RadixCache(capacity, "rlt", page_size=page_size, rng=random.Random(seed))
+    assert isinstance(cache.policy, RLTEviction)
+    return cache, cache.policy
+
+
+def _marked(cache: RadixCache, rlt: RLTEviction, key: tuple[int, ...]) -> bool:
+    node = cache.root.children[key[0]]
+    return rlt.is_marked(node)
+
+
+# -- phases started on access -----------------------------------------------------------------
+def test_marked_tokens_below_capacity_keep_the_phase() -> None:
+    cache, rlt = rlt_cache(10)
+    cache.insert((1, 2, 3, 4))
+    cache.insert((5, 6, 7, 8))
+    cache.match_prefix((1, 2, 3, 4))  # already marked: counted once
+    assert rlt.marked_tokens == 8
+    cache.insert((9,))
+    assert rlt.marked_tokens == 9
+    assert rlt.phases_started == 0
+    assert all(_marked(cache, rlt, k) for k in [(1,), (5,), (9,)])
+
+
+def test_marked_tokens_reaching_capacity_start_a_phase_and_remark_the_path() -> None:
+    cache, rlt = rlt_cache(10)
+    cache.insert((1, 2, 3, 4))
+    cache.insert((5, 6, 7, 8))
+    cache.insert((9, 9))  # 8 + 2 == C
+    assert rlt.phases_started == 1
+    assert rlt.marked_tokens == 2
+    assert [_marked(cache, rlt, k) for k in [(1,), (5,), (9,)]] == [False, False, True]
+
+
+def test_a_match_that_fills_the_phase_remarks_only_its_own_path() -> None:
+    cache, rlt = rlt_cache(12)
+    cache.insert((1, 1, 1, 1, 2, 2))
+    rlt.new_phase()
+    cache.insert((3,) * 6)  # marked: 6
+    cache.insert((1, 1, 1, 1, 5, 5))  # marks (1,1,1,1) and (5,5): 12 == C -> new phase
+    assert rlt.phases_started == 2
+    assert rlt.marked_tokens == 6
+    prefix = cache.root.children[1]
+    assert rlt.is_marked(prefix)
+    assert rlt.is_marked(prefix.children[5])
+    assert not rlt.is_marked(prefix.children[2])
+    assert not _marked(cache, rlt, (3,))
+
+
+def test_pages_count_marked_tokens_in_whole_pages() -> None:
+    cache, rlt = rlt_cache(16, page_size=4)
+    cache.insert(tuple(range(10)))  # 8 aligned tokens
+    assert rlt.marked_tokens == 8
+    cache.insert(tuple(range(100, 107)))  # 4 more: 12
+    assert rlt.phases_started == 0
+    cache.insert(tuple(range(200, 204)))  # 16 == C
+    assert rlt.phases_started == 1
+    assert rlt.marked_tokens == 4
+
+
+# -- phases started by evict ------------------------------------------------------------------
+def four_leaves(capacity: int = 40) -> tuple[RadixCache, RLTEviction]:
+    """Leaves A, B, D (4 tokens) and E (8); after a fresh phase A and E are marked (12)."""
+    cache, rlt = rlt_cache(capacity)
+    for key in (A, B, D, E):
+        cache.insert(key)
+    rlt.new_phase()
+    cache.match_prefix(E)
+    cache.match_prefix(A)
+    assert rlt.marked_tokens == 12
+    assert rlt.phases_started == 1
+    return cache, rlt
+
+
+def test_evict_within_the_unmarked_leaves_keeps_the_phase_and_the_marked_nodes() -> None:
+    cache, rlt = four_leaves()
+    assert cache.evict(8) == 8  # B and D hold exactly 8 unmarked tokens
+    assert rlt.phases_started == 1
+    assert [cache.peek_prefix(k) for k in (A, B, D, E)] == [4, 0, 0, 8]
+
+
+def test_too_few_unmarked_tokens_start_a_phase() -> None:
+    cache, rlt = four_leaves()
+    assert cache.evict(9) == 9  # 9 + 12 < 40, but B and D hold only 8
+    assert rlt.phases_started == 2
+    assert cache.total_tokens == 20 - 9
+
+
+def test_n_plus_marked_reaching_capacity_starts_a_phase() -> None:
+    cache, rlt = four_leaves()
+    assert cache.evict(28) == 20  # 28 + 12 == C: new phase, then all 20 tokens are too few
+    assert rlt.phases_started == 3
+
+
+def test_n_plus_marked_at_capacity_with_enough_tokens_starts_exactly_one_phase() -> None:
+    cache, rlt = four_leaves(capacity=21)
+    assert cache.evict(9) == 9  # 9 + 12 == C: one phase; all four leaves are candidates
+    assert rlt.phases_started == 2
+    assert rlt.marked_tokens == 0
+    cache2, rlt2 = four_leaves(capacity=21)
+    assert cache2.evict(8) == 8  # 8 + 12 < C and B, D hold 8: same phase
+    assert rlt2.phases_started == 1
+    assert [cache2.peek_prefix(k) for k in (A, B, D, E)] == [4, 0, 0, 8]
+
+
+def test_evict_with_pages_rounds_up_to_whole_pages() -> None:
+    cache, rlt = rlt_cache(40, page_size=4)
+    for key in (A, B, D, E):
+        cache.insert(key)
+    rlt.new_phase()
+    cache.match_prefix(E)
+    cache.match_prefix(A)
+    # 5 tokens = 2 pages = 8 tokens; 8 + 12 < 40 and B, D hold 2 pages: same phase.
+    assert cache.evict(5) == 8
+    assert rlt.phases_started == 1
+    assert [cache.peek_prefix(k) for k in (A, B, D, E)] == [4, 0, 0, 8]
+
+
+def test_no_candidates_at_all_frees_nothing() -> None:
+    cache, rlt = rlt_cache(40)
+    node = cache.insert(E).node
+    cache.lock(node)
+    assert cache.evict(3) == 0
+    assert rlt.phases_started == 1  # none unmarked: new phase, still none (locked)
+    assert cache.peek_prefix(E) == 8
+
+
+def test_tokens_leave_from_the_tail_of_a_leaf() -> None:
+    cache, rlt = rlt_cache(40)
+    cache.insert((7, 8, 9, 10, 11, 12))
+    rlt.new_phase()
+    assert cache.evict(2) == 2
+    assert cache.match_prefix((7, 8, 9, 10, 11, 12)).length == 4
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("parent_marked", [True, False])
+def test_only_an_unmarked_parent_joins_the_candidates(parent_marked: bool) -> None:
+    touched = 0
+    for seed in range(200):
+        cache, rlt = rlt_cache(100, seed=seed)
+        cache.insert((1, 1, 1, 1, 1, 2, 2))
+        cache.insert((1, 1, 1, 1, 1, 3, 3))
+        cache.insert((4, 4, 4, 4))
+        rlt.new_phase()
+        if parent_marked:
+            cache.match_prefix((1, 1, 1, 1, 1))  # marks the shared parent only
+        # 5 picks over leaves of 2, 2 and 4 tokens: when both 2-token children empty within
+        # the first 4, their parent competes for the last pick, unless it is marked.
+        assert cache.evict(5) == 5
+        assert rlt.phases_started == 1
+        touched += cache.peek_prefix((1, 1, 1, 1, 1)) < 5
+    if parent_marked:
+        assert touched == 0
+    else:
+        assert touched > 0
+
+
+def test_reset_clears_marks() -> None:
+    cache, rlt = rlt_cache(40)
+    cache.insert(A)
+    cache.reset()
+    assert rlt.marked_tokens == 0
+    cache.insert(A)
+    assert rlt.marked_tokens == 4
+
+
+# -- the distribution, through the real cache --------------------------------------------------
+# root -+- P(5) -+- X(3)      P is unmarked: it joins once X and Y have emptied
+#       |        +- Y(2)
+#       +- Z(4)
+#       +- M(6, marked)
+P, X, Y, Z, M = (1,) * 5, (2,) * 3, (3,) * 2, (4,) * 4, (5,) * 6
+SIZES = {"X": 3, "Y": 2, "Z": 4, "P": 5}
+
+
+def real_evictions(need: int, seed: int) -> tuple[int, ...]:
+    cache, rlt = rlt_cache(100, seed=seed)
+    for key in (P + X, P + Y, Z, M):
+        cache.insert(key)
+    rlt.new_phase()
+    cache.match_prefix(M)
+    assert cache.evict(need) == need
+    px, py = cache.peek_prefix(P + X), cache.peek_prefix(P + Y)
+    left = {
+        "X": max(0, px - 5),
+        "Y": max(0, py - 5),
+        "Z": cache.peek_prefix(Z),
+        "P": min(5, px),
+    }
+    assert cache.peek_prefix(M) == 6
+    return tuple(SIZES[k] - left[k] for k in ("X", "Y", "Z", "P"))
+
+
+def literal_evictions(need: int, rng: random.Random) -> tuple[int, ...]:
+    left = {"X": 3, "Y": 2, "Z": 4}
+    dropped = dict.fromkeys(("X", "Y", "Z", "P"), 0)
+    for _ in range(need):
+        name = rng.choice(sorted(left))
+        dropped[name] += 1
+        left[name] -= 1
+        if left[name] == 0:
+            del left[name]
+            if name in ("X", "Y") and "X" not in left and "Y" not in left:
+                left["P"] = 5  # childless, unmarked, unlocked: joins
+    return tuple(dropped[k] for k in ("X", "Y", "Z", "P"))
+
+
+@pytest.mark.parametrize("need", [4, 8])
+def test_rlt_evict_matches_the_per_token_definition(need: int) -> None:
+    n = 3_000
+    rng = random.Random(need)
+    real = Counter(real_evictions(need, seed=i) for i in range(n))
+    literal = Counter(literal_evictions(need, rng) for _ in range(n))
+    outcomes = sorted(o for o in real.keys() | literal.keys() if real[o] + literal[o] >= 10)
+    table = np.asarray([[real[o] for o in outcomes], [literal[o] for o in outcomes]])
+    assert table.sum() >= 2 * n - 40
+    assert chi2_contingency(table).pvalue > 0.001
+    if need == 8:
+        assert any(o[3] > 0 for o in real), "the parent joined in some runs"
