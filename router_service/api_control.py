@@ -11,7 +11,7 @@ import random
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.responses import JSONResponse
 
 from models import ModelSpecError, NoChallenger, parse_spec
@@ -64,6 +64,14 @@ class ModelBody(_Body):
     spec: str | dict[str, Any] = Field(description='kind name or {"kind": ..., "params": {...}}')
     worker: str | None = Field(None, description="swap only this worker's model")
     sharing: str | None = Field(None, description="per_worker or shared")
+
+    @field_validator("spec", mode="before")
+    @classmethod
+    def _check_spec(cls, value: Any) -> Any:
+        # Checked here so a bad spec is reported as `spec`, not as a union member (`spec.str`).
+        if not isinstance(value, str | dict):
+            raise ValueError('give a model kind name or {"kind": ..., "params": {...}}')
+        return value
 
 
 def _worker_view(state: ServiceState, url: str) -> dict[str, Any]:
@@ -122,6 +130,8 @@ async def remove_worker(request: Request, url: str | None = None) -> JSONRespons
         )
     state.pool.remove(url)
     state.router.remove_worker(url)
+    for per_worker in (state.prompt_units, state.cached_units, state.last_queue_ms):
+        per_worker.pop(url, None)
     await state.store.remove(url)
     return JSONResponse({"removed": url, "workers": state.pool.urls()})
 

@@ -111,7 +111,8 @@ def parse_body(body: dict[str, Any], kind: str, request_id: str) -> ParsedReques
         key, tokens = _units(
             body["text"] if has_text else body["input_ids"], "text" if has_text else "input_ids"
         )
-        params = body.get("sampling_params") or {}
+        params = body.get("sampling_params")
+        params = {} if params is None else params  # `or {}` would let [] and "" through
         if not isinstance(params, dict):
             raise _bad("sampling_params", "must be an object")
         max_new = _max_tokens(params, ("max_new_tokens",), "sampling_params.")

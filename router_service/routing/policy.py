@@ -27,6 +27,7 @@ __all__ = [
     "eligible",
     "ineligible_candidate",
     "make_policy",
+    "number",
     "policy_names",
     "register_policy",
 ]
@@ -123,6 +124,21 @@ def eligible(workers: Sequence[WorkerSnapshot]) -> list[WorkerSnapshot]:
         reasons = "; ".join(f"{w.url}: {w.reason or 'unhealthy'}" for w in workers)
         raise NoEligibleWorker(f"no healthy worker ({reasons})")
     return ok
+
+
+def number(name: str, value: object) -> float:
+    """A numeric policy parameter; anything else (a string from JSON, null) is refused here,
+    naming it, rather than failing on every later request.
+
+    >>> number("alpha", 2)
+    2.0
+    >>> number("alpha", "2")
+    Traceback (most recent call last):
+    ValueError: alpha must be a number, got '2'
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    return float(value)
 
 
 def ineligible_candidate(worker: WorkerSnapshot) -> Candidate:

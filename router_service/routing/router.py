@@ -37,6 +37,7 @@ class Router:
         self.pending_units: dict[str, int] = {}  # uncached units routed, not yet completed
         # decision id -> (worker, uncached units, the policy that made it)
         self._open: dict[str, tuple[str, int, RoutingPolicy]] = {}
+        self._orphans: set[str] = set()  # open decisions whose worker was removed since
         self._last_match: tuple[str, dict[str, int]] = ("", {})
         self._last_trim_ms = 0.0
 
@@ -94,6 +95,9 @@ class Router:
 
     def complete(self, decision: Decision, outcome: Outcome) -> Learned | None:
         """Close a routed request; a learning policy trains on its outcome."""
+        if decision.decision_id in self._orphans:  # its worker is gone: nothing to update
+            self._orphans.discard(decision.decision_id)
+            return None
         count = self.in_flight.get(decision.chosen, 0)
         if count > 0:
             self.in_flight[decision.chosen] = count - 1
@@ -118,7 +122,16 @@ class Router:
         return self.index.trim(settings.max_units_per_worker)
 
     def remove_worker(self, url: str) -> None:
-        """Drop a worker's index entries, in-flight count and learned state."""
+        """Drop a worker's index entries, in-flight count and learned state.
+
+        Its requests still in flight become orphans: when they complete they change nothing,
+        so a late outcome neither trains a model for the removed worker back into existence
+        nor miscounts the in-flight requests of a worker re-added under the same URL.
+        """
+        orphans = [d for d, (worker, _, _) in self._open.items() if worker == url]
+        for decision_id in orphans:
+            del self._open[decision_id]
+        self._orphans.update(orphans)
         self.index.remove_worker(url)
         self.in_flight.pop(url, None)
         self.pending_units.pop(url, None)

@@ -18,6 +18,7 @@ from router_service.routing.policy import (
     IndexSettings,
     eligible,
     ineligible_candidate,
+    number,
 )
 from router_service.routing.types import (
     Candidate,
@@ -68,12 +69,20 @@ class CacheAwarePolicy:
                 f"unknown cache_aware preset {preset!r}; known: {', '.join(CACHE_AWARE_PRESETS)}"
             ) from None
         self.preset = preset
-        self.cache_threshold = base.cache_threshold if cache_threshold is None else cache_threshold
+        self.cache_threshold = (
+            base.cache_threshold
+            if cache_threshold is None
+            else number("cache_threshold", cache_threshold)
+        )
         self.balance_abs_threshold = (
-            base.balance_abs_threshold if balance_abs_threshold is None else balance_abs_threshold
+            base.balance_abs_threshold
+            if balance_abs_threshold is None
+            else number("balance_abs_threshold", balance_abs_threshold)
         )
         self.balance_rel_threshold = (
-            base.balance_rel_threshold if balance_rel_threshold is None else balance_rel_threshold
+            base.balance_rel_threshold
+            if balance_rel_threshold is None
+            else number("balance_rel_threshold", balance_rel_threshold)
         )
         if not 0.0 <= self.cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1], got {self.cache_threshold}")

@@ -16,7 +16,7 @@ from typing import Any
 
 from models import ModelSlot, ModelSpec
 from router_service.routing.features import residual_features
-from router_service.routing.policy import PAPER_INDEX, eligible, ineligible_candidate
+from router_service.routing.policy import PAPER_INDEX, eligible, ineligible_candidate, number
 from router_service.routing.types import (
     Candidate,
     Decision,
@@ -47,11 +47,11 @@ class LBGRPolicy:
         margin_ms: float = 1.0,
         sharing: str = "per_worker",
     ) -> None:
-        self.a_ms = a_ms
-        self.b_cached_ms = b_cached_ms
-        self.b_uncached_ms = b_uncached_ms
-        self.alpha = alpha
-        self.margin_ms = margin_ms
+        self.a_ms = number("a_ms", a_ms)
+        self.b_cached_ms = number("b_cached_ms", b_cached_ms)
+        self.b_uncached_ms = number("b_uncached_ms", b_uncached_ms)
+        self.alpha = number("alpha", alpha)
+        self.margin_ms = number("margin_ms", margin_ms)
         self.models = ModelSlot(model, sharing=sharing)
 
     def base_ms(self, cached: int, uncached: int) -> float:

@@ -1,0 +1,101 @@
+"""Helpers shared by the benchmark scripts: command line, run metadata, JSON output, ratios.
+
+Every benchmark writes one JSON object: ``{"benchmark": NAME, "metadata": {...}, ...figures}``,
+where the metadata says when, on what commit and on what machine the figures were measured,
+so a number quoted in an issue can be traced back to its run. JSON is written strictly (no
+``Infinity``/``NaN``): a ratio with a zero denominator is stored as ``null`` next to its text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "REPO_ROOT",
+    "base_parser",
+    "format_ratio",
+    "metadata",
+    "ratio",
+    "write_json",
+]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def base_parser(name: str, description: str | None) -> argparse.ArgumentParser:
+    """The flags every benchmark takes: ``--out`` (default ``results/NAME.json``), ``--quick``."""
+    parser = argparse.ArgumentParser(
+        prog=f"benchmarks/{name}.py",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO_ROOT / "results" / f"{name}.json",
+        help="where to write the JSON figures (default: results/%(prog)s.json)",
+    )
+    parser.add_argument("--quick", action="store_true", help="a small, fast smoke run")
+    return parser
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
+def metadata() -> dict[str, Any]:
+    """When, where and how this run was made."""
+    status = _git("status", "--porcelain")
+    return {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": None if status is None else bool(status),
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+    }
+
+
+def write_json(path: Path, benchmark: str, figures: Mapping[str, Any]) -> Path:
+    """Write ``figures`` with the run's metadata to ``path`` (parents created)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {"benchmark": benchmark, "metadata": metadata(), **figures}
+    path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``; None when either is missing or the denominator is 0."""
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def format_ratio(numerator: float | None, denominator: float | None) -> str:
+    """The ratio as table text: ``6.92x``; ``inf`` for x/0 with x > 0; ``n/a`` for 0/0."""
+    if numerator is None or denominator is None:
+        return "n/a"
+    if denominator == 0:
+        return "inf" if numerator > 0 else "n/a"
+    value = numerator / denominator
+    return "inf" if math.isinf(value) else f"{value:.2f}x"

@@ -1,0 +1,241 @@
+"""Eviction cost per evicted token, ``rlt`` vs ``lru``, on ~100k-token trees (target <= 1.5x).
+
+Three tree shapes, each built from one seeded insert sequence so both policies get identical
+trees: ``gsp`` (shared prefixes of ~1k tokens, ~8 question leaves of ~256 tokens per group),
+``chat`` (conversations of 2-8 turns of 32-64 tokens under a few system prompts, some forked
+from an earlier turn: many short leaves under deeper branches) and ``longdoc`` (a dozen ~8k
+documents under one short system prompt). The cache capacity is a little above the tree size,
+so nothing is evicted while building; then one ``evict(n)`` call is timed with
+``time.perf_counter_ns`` on a freshly built tree, for n = 1k, 10k and 50k tokens. The two
+policies alternate (the order flips every repetition) and the garbage collector is off inside
+the timed call, as ``timeit`` does. Cost per token uses the tokens actually freed: leaf-LRU
+drops whole leaves, so it may free more than asked.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from _common import base_parser, format_ratio, ratio, write_json
+
+from engine_ext.cache import RadixCache
+from sim.report import markdown_table
+from sim.tokens import random_tokens
+
+NAME = "eviction_cost"
+POLICIES = ("lru", "rlt")
+EVICT_TOKENS = (1_000, 10_000, 50_000)
+TREE_TOKENS = 100_000
+TARGET_RATIO = 1.5
+SEED = 0
+
+KeyBuilder = Callable[[np.random.Generator, int], list[str]]
+
+
+# -- tree shapes: the seeded insert sequences -------------------------------------------------
+def gsp_keys(gen: np.random.Generator, target: int) -> list[str]:
+    """Groups of ~1k-token shared prefixes with 8 questions of ~256 tokens, shuffled."""
+    keys: list[str] = []
+    tokens = 0
+    while tokens < target:
+        prefix = random_tokens(gen, int(gen.integers(896, 1153)))
+        tokens += len(prefix)
+        for _ in range(8):
+            question = random_tokens(gen, int(gen.integers(192, 321)))
+            keys.append(prefix + question)
+            tokens += len(question)
+    return [keys[i] for i in gen.permutation(len(keys))]
+
+
+def chat_keys(gen: np.random.Generator, target: int) -> list[str]:
+    """Multi-turn conversations, interleaved as concurrent clients would send them.
+
+    Every turn adds 32-64 tokens (user message plus answer) and inserts the whole history, so
+    a conversation is a chain of short nodes; 30% of conversations fork from a random turn
+    of an earlier one (a regenerated or edited answer), which makes branches.
+    """
+    systems = [random_tokens(gen, 256) for _ in range(4)]
+    tokens = sum(len(s) for s in systems)
+    conversations: list[list[str]] = []
+    while tokens < target:
+        if conversations and gen.random() < 0.3:
+            base = conversations[int(gen.integers(len(conversations)))]
+            history = base[int(gen.integers(len(base)))]
+        else:
+            history = systems[int(gen.integers(len(systems)))]
+        turns: list[str] = []
+        for _ in range(int(gen.integers(2, 9))):
+            turn = random_tokens(gen, int(gen.integers(32, 65)))
+            history += turn
+            tokens += len(turn)
+            turns.append(history)
+        conversations.append(turns)
+    owners = [i for i, turns in enumerate(conversations) for _ in turns]
+    cursor = [0] * len(conversations)
+    keys: list[str] = []
+    for i in (owners[j] for j in gen.permutation(len(owners))):
+        keys.append(conversations[i][cursor[i]])
+        cursor[i] += 1
+    return keys
+
+
+def longdoc_keys(gen: np.random.Generator, target: int) -> list[str]:
+    """A few ~8k-token documents behind one 512-token system prompt."""
+    system = random_tokens(gen, 512)
+    keys: list[str] = []
+    tokens = len(system)
+    while tokens < target:
+        doc = random_tokens(gen, int(gen.integers(7680, 8705)))
+        keys.append(system + doc)
+        tokens += len(doc)
+    return keys
+
+
+SHAPES: dict[str, KeyBuilder] = {"gsp": gsp_keys, "chat": chat_keys, "longdoc": longdoc_keys}
+
+
+# -- building and timing ----------------------------------------------------------------------
+def build(keys: Sequence[str], policy: str, capacity: int, seed: int) -> RadixCache:
+    cache = RadixCache(capacity, policy, rng=random.Random(seed))
+    for key in keys:
+        cache.insert(key)
+    return cache
+
+
+def tree_stats(keys: Sequence[str]) -> dict[str, int]:
+    cache = build(keys, "lru", 10 * TREE_TOKENS, SEED)
+    return {
+        "tokens": cache.total_tokens,
+        "nodes": cache.node_count,
+        "leaves": sum(1 for _ in cache.evictable_leaves()),
+        "inserts": len(keys),
+    }
+
+
+def timed_evict(cache: RadixCache, tokens: int) -> tuple[int, int]:
+    """Nanoseconds of one ``evict(tokens)`` call and the tokens it freed."""
+    gc.collect()
+    gc.disable()
+    try:
+        started = time.perf_counter_ns()
+        freed = cache.evict(tokens)
+        elapsed = time.perf_counter_ns() - started
+    finally:
+        gc.enable()
+    return elapsed, freed
+
+
+def measure_point(
+    keys: Sequence[str], capacity: int, tokens: int, repeats: int
+) -> dict[str, dict[str, list[int]]]:
+    """Per policy: ns and tokens freed of each repetition, policies interleaved."""
+    samples: dict[str, dict[str, list[int]]] = {p: {"ns": [], "freed": []} for p in POLICIES}
+    for rep in range(repeats):
+        order = POLICIES if rep % 2 == 0 else POLICIES[::-1]
+        for policy in order:
+            cache = build(keys, policy, capacity, seed=rep)
+            elapsed, freed = timed_evict(cache, tokens)
+            if rep == 0:
+                cache.check_invariants()  # outside the timed call: the eviction was sound
+            samples[policy]["ns"].append(elapsed)
+            samples[policy]["freed"].append(freed)
+    return samples
+
+
+def summarize_point(
+    shape: str, tokens: int, samples: dict[str, dict[str, list[int]]]
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"shape": shape, "evict_tokens": tokens}
+    for policy in POLICIES:
+        ns, freed = samples[policy]["ns"], samples[policy]["freed"]
+        per_token = [n / f for n, f in zip(ns, freed, strict=True) if f]
+        row[f"{policy}_ns_per_token"] = round(statistics.median(per_token), 1)
+        row[f"{policy}_median_ms"] = round(statistics.median(ns) / 1e6, 3)
+        row[f"{policy}_freed_median"] = int(statistics.median(freed))
+        row[f"{policy}_freed_min"] = min(freed)
+        row[f"{policy}_freed_max"] = max(freed)
+        row[f"{policy}_samples_ns"] = ns
+    rlt, lru = row["rlt_ns_per_token"], row["lru_ns_per_token"]
+    row["rlt_over_lru"] = ratio(rlt, lru)
+    row["rlt_over_lru_text"] = format_ratio(rlt, lru)
+    row["meets_target"] = "yes" if rlt <= TARGET_RATIO * lru else "no"
+    return row
+
+
+COLUMNS = (
+    ("shape", "shape", "{}"),
+    ("evict", "evict_tokens", "{:,}"),
+    ("lru freed", "lru_freed_median", "{:,}"),
+    ("rlt freed", "rlt_freed_median", "{:,}"),
+    ("lru ms", "lru_median_ms", "{:.2f}"),
+    ("rlt ms", "rlt_median_ms", "{:.2f}"),
+    ("lru ns/token", "lru_ns_per_token", "{:.0f}"),
+    ("rlt ns/token", "rlt_ns_per_token", "{:.0f}"),
+    ("rlt/lru", "rlt_over_lru_text", "{}"),
+    (f"<= {TARGET_RATIO:g}x", "meets_target", "{}"),
+)
+SHAPE_COLUMNS = (
+    ("shape", "shape", "{}"),
+    ("tokens", "tokens", "{:,}"),
+    ("nodes", "nodes", "{:,}"),
+    ("leaves", "leaves", "{:,}"),
+    ("inserts", "inserts", "{:,}"),
+    ("capacity", "capacity_tokens", "{:,}"),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = base_parser(NAME, __doc__)
+    parser.add_argument("--repeats", type=int, default=None, help="default 41 (7 with --quick)")
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (7 if args.quick else 41)
+    if repeats < 1:
+        parser.error("--repeats must be >= 1")
+    started = time.perf_counter()
+    shapes: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    for shape, builder in SHAPES.items():
+        keys = builder(np.random.default_rng(SEED), TREE_TOKENS)
+        stats = tree_stats(keys)
+        capacity = stats["tokens"] + stats["tokens"] // 100  # a bit above: no eviction on build
+        shapes.append({"shape": shape, **stats, "capacity_tokens": capacity})
+        for tokens in EVICT_TOKENS:
+            rows.append(
+                summarize_point(shape, tokens, measure_point(keys, capacity, tokens, repeats))
+            )
+    wall_s = time.perf_counter() - started
+
+    print("## Eviction cost per evicted token, rlt vs lru (one evict call on a fresh tree)\n")
+    print(markdown_table(shapes, SHAPE_COLUMNS) + "\n")
+    print(markdown_table(rows, COLUMNS) + "\n")
+    held = sum(1 for r in rows if r["meets_target"] == "yes")
+    print(
+        f"rlt <= {TARGET_RATIO:g}x lru per token at {held} of {len(rows)} points; "
+        f"median of {repeats} repeats per point; {wall_s:.1f} s wall"
+    )
+    sys.stdout.flush()
+    path = write_json(
+        args.out,
+        NAME,
+        {
+            "quick": args.quick,
+            "repeats": repeats,
+            "target_ratio": TARGET_RATIO,
+            "wall_s": round(wall_s, 3),
+            "shapes": shapes,
+            "rows": rows,
+        },
+    )
+    print(f"figures written to {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""The router tests' harness: a router on a real uvicorn server in a thread, a real
+redis-server process, free ports and HTTP clients. Fixtures in ``conftest`` build on it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from router_service.app import create_app
+from router_service.settings import Settings
+
+ADMIN_TOKEN = "test-admin-token"
+# Building an SSL context costs ~80 ms; every loopback client shares this one.
+_SSL = ssl.create_default_context()
+
+
+def http_client(base_url: str, timeout_s: float = 30.0) -> httpx.Client:
+    return httpx.Client(base_url=base_url, timeout=timeout_s, verify=_SSL)
+
+
+def async_http_client(base_url: str, timeout_s: float = 30.0) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+    return httpx.AsyncClient(base_url=base_url, timeout=timeout_s, verify=_SSL, limits=limits)
+
+
+def service_settings(**values: Any) -> Settings:
+    """Settings from ``values`` and the defaults only: ``KVROUTE_*`` variables in the shell
+    that runs the tests must not change what a test configures."""
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("KVROUTE_")}
+    try:
+        return Settings(**values)
+    finally:
+        os.environ.update(saved)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float = 5.0, every_s: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(every_s)
+    return check()
+
+
+class RouterServer:
+    """``create_app(settings)`` on a real uvicorn server in a background thread."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.app: FastAPI = create_app(settings)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port: int = self._sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=30
+        )
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+        self.client = http_client(self.url)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> RouterServer:
+        self._thread.start()
+        if not wait_until(lambda: self.server.started, 15):
+            raise RuntimeError("router did not start")
+        return self
+
+    def begin_stop(self) -> None:
+        self.server.should_exit = True
+
+    def stop(self) -> None:
+        self.client.close()
+        self.server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(15)
+        self._sock.close()
+
+
+class RedisServer:
+    """A real ``redis-server`` on a fixed free port; can be stopped and started again."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        exe = shutil.which("redis-server")
+        assert exe is not None
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group, killed whole on stop
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.2) as conn,
+            ):
+                conn.sendall(b"PING\r\n")
+                if conn.recv(16).startswith(b"+PONG"):
+                    return self
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError("redis-server did not answer PING")
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def require_redis_server() -> None:
+    if shutil.which("redis-server") is not None:
+        return
+    if os.geteuid() == 0:
+        pytest.fail(
+            "redis-server is not installed; scripts/test.sh installs it (apt-get install "
+            "redis-server) when run as root"
+        )
+    pytest.skip("redis-server is not installed and we are not root to install it")
+
+
+def start_redis(port: int | None = None) -> RedisServer:
+    for _ in range(3):  # the free port may be taken between picking and binding
+        try:
+            return RedisServer(port).start()
+        except RuntimeError:
+            if port is not None:
+                raise
+    raise RuntimeError("could not start redis-server")

@@ -1,0 +1,162 @@
+"""LBGR with the residual model registry, driven through the Router as the service drives it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from models import AdaptiveTreeResidual, ModelSpecError, ScaledLinearResidual
+from models import registry as model_registry
+from models.base import Features
+from router_service.routing import (
+    Decision,
+    LBGRPolicy,
+    ModelInfo,
+    Outcome,
+    Router,
+    RouteRequest,
+    WorkerStatus,
+    make_policy,
+)
+
+URLS = ("http://a", "http://b", "http://c")
+SLOW = "http://a"
+EXTRA_MS = {"http://a": 400.0, "http://b": 20.0, "http://c": 20.0}  # what base + queue miss
+
+
+def lbgr(**params: object) -> LBGRPolicy:
+    policy = make_policy("lbgr", random.Random(0), **params)
+    assert isinstance(policy, LBGRPolicy)
+    return policy
+
+
+def drive(router: Router, n: int, seed: int = 0) -> list[Decision]:
+    """``n`` requests, each completed before the next: latency = base + queue + worker's extra."""
+    rng = random.Random(seed)
+    decisions = []
+    for i in range(n):
+        prompt = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(20, 200)))
+        request = RouteRequest(f"r{seed}-{i}", prompt, prompt_tokens=len(prompt) // 4)
+        statuses = [WorkerStatus(u, queue_ms=rng.uniform(0, 50)) for u in URLS]
+        decision = router.route(request, statuses, now_ms=float(i))
+        cand = decision.candidate(decision.chosen)
+        assert cand.base_ms is not None
+        assert cand.queue_ms is not None
+        latency = cand.base_ms + cand.queue_ms + EXTRA_MS[decision.chosen] + rng.uniform(0, 5)
+        learned = router.complete(decision, Outcome(True, latency, latency / 2))
+        assert learned is not None
+        decisions.append(decision)
+    return decisions
+
+
+@pytest.mark.parametrize(
+    ("spec", "kind", "model_type"),
+    [
+        ("tree", "tree", AdaptiveTreeResidual),
+        ('{"kind": "tree", "params": {"max_depth": 3}}', "tree", AdaptiveTreeResidual),
+        ({"kind": "linear", "params": {"lr": 0.01}}, "linear", ScaledLinearResidual),
+    ],
+)
+def test_lbgr_decides_and_learns_with_a_registry_model(
+    spec: object, kind: str, model_type: type
+) -> None:
+    policy = lbgr(model=spec)
+    router = Router(policy)
+    decisions = drive(router, 150)
+    assert all(d.model == ModelInfo(kind, 1) for d in decisions)
+    assert decisions[0].to_dict()["model"] == {"kind": kind, "version": 1}
+    champion = policy.models.champion
+    assert champion.samples == 150
+    assert champion.failures == 0
+    models = champion._models
+    assert models
+    assert all(isinstance(m, model_type) for m in models.values())
+    if isinstance(spec, str) and spec.startswith("{"):
+        assert all(m.max_depth == 3 for m in models.values())
+    # It learned that the slow worker's latency is under-estimated, and routes away from it.
+    last = decisions[-1]
+    slow = last.candidate(SLOW).residual_ms
+    fast = min(last.candidate(u).residual_ms or 0.0 for u in URLS if u != SLOW)
+    assert slow is not None
+    assert slow > fast + 100.0
+    late = [d.chosen for d in decisions[-50:]]
+    assert late.count(SLOW) < 5
+
+
+def test_learning_beats_no_learning_on_a_slow_worker() -> None:
+    def slow_share(spec: str) -> int:
+        decisions = drive(Router(lbgr(model=spec)), 150, seed=3)
+        return sum(d.chosen == SLOW for d in decisions[50:])
+
+    assert slow_share("none") > 3 * slow_share("ewmean")
+
+
+def test_shared_sharing_reaches_the_bank() -> None:
+    policy = lbgr(model="linear", sharing="shared")
+    drive(Router(policy), 60)
+    assert policy.models.champion.sharing == "shared"
+    assert list(policy.models.champion._models) == ["*"]
+
+
+def test_swap_moves_the_version_in_decisions() -> None:
+    policy = lbgr(model="ewmean")
+    router = Router(policy)
+    assert drive(router, 5)[-1].model == ModelInfo("ewmean", 1)
+    policy.models.swap("tree")
+    assert drive(router, 5, seed=1)[-1].model == ModelInfo("tree", 2)
+    policy.models.start_challenger("linear")
+    drive(router, 5, seed=2)
+    policy.models.promote()
+    assert drive(router, 5, seed=4)[-1].model == ModelInfo("linear", 3)
+
+
+def test_swap_for_one_worker_shows_in_that_workers_decisions() -> None:
+    policy = lbgr(model="ewmean")
+    router = Router(policy)
+    drive(router, 30)
+    policy.models.swap("none", worker=SLOW)
+    kinds = {d.chosen: d.model for d in drive(router, 100, seed=5)}
+    assert kinds[SLOW] == ModelInfo("none", 2)  # residual 0 again, so it is chosen again
+    assert kinds["http://b"] == ModelInfo("ewmean", 2)
+
+
+def test_a_decision_completing_after_a_swap_trains_the_new_champion() -> None:
+    policy = lbgr(model="ewmean")
+    router = Router(policy)
+    request = RouteRequest("r", "hello world", prompt_tokens=3)
+    decision = router.route(request, [WorkerStatus(u) for u in URLS], now_ms=0.0)
+    policy.models.swap("linear")
+    learned = router.complete(decision, Outcome(True, 500.0, 100.0))
+    assert learned is not None
+    assert policy.models.champion.samples == 1
+
+
+class Exploding:
+    def predict_one(self, x: Features) -> float:
+        raise RuntimeError("predict exploded")
+
+    def learn_one(self, x: Features, y: float) -> None:
+        raise RuntimeError("learn exploded")
+
+
+def test_a_model_raising_in_predict_does_not_stop_decide(monkeypatch: pytest.MonkeyPatch) -> None:
+    model_registry.model_kinds()
+    monkeypatch.setattr(model_registry, "_REGISTRY", dict(model_registry._REGISTRY))
+    model_registry.register_model("exploding", Exploding)
+    policy = lbgr(model="exploding")
+    router = Router(policy)
+    decisions = drive(router, 20)
+    for d in decisions:
+        assert d.model == ModelInfo("exploding", 1)
+        assert all(c.residual_ms == 0.0 for c in d.candidates)  # routing-safe fallback
+    bank = policy.models.champion
+    assert bank.samples == 20
+    assert bank.failures == 20 * len(URLS) + 20 * 2  # every predict; each learn's predict + learn
+
+
+def test_an_unknown_model_fails_when_the_policy_is_built() -> None:
+    with pytest.raises(ModelSpecError, match="unknown model kind 'nope'; known: "):
+        lbgr(model="nope")
+    with pytest.raises(ValueError, match="unknown sharing"):
+        lbgr(sharing="pooled")

@@ -1,0 +1,142 @@
+"""LBGR end to end over HTTP: learning steers traffic, and /explain tells the truth."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from fake_worker import FakeWorker
+from router_harness import RouterServer, async_http_client, http_client, wait_until
+
+
+def _prompt(i: int, length: int = 40) -> str:
+    """Distinct prompts with no shared prefix (the index cannot prefer either worker)."""
+    return (f"{i:04d}-" + "abcdefghij" * 20)[:length]
+
+
+def test_slow_worker_gets_less_traffic(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
+) -> None:
+    # The slow worker comes first: ties go to it, so it must be learned away, not ignored.
+    slow, fast = workers("slow", delay_s=0.15), workers("fast")
+    router = routers(worker_urls=[slow.url, fast.url], policy="lbgr", model="ewmean")
+
+    async def run() -> Counter[str]:
+        counts: Counter[str] = Counter()
+        async with async_http_client(router.url) as client:
+            for start in range(0, 60, 3):  # three at a time
+                resps = await asyncio.gather(
+                    *(
+                        client.post("/generate", json={"text": _prompt(i)})
+                        for i in range(start, start + 3)
+                    )
+                )
+                for resp in resps:
+                    assert resp.status_code == 200
+                    counts[resp.headers["X-KVRoute-Worker"]] += 1
+        return counts
+
+    counts = asyncio.run(run())
+    assert counts[slow.url] + counts[fast.url] == 60
+    assert counts[slow.url] < counts[fast.url]
+    assert counts[slow.url] <= 15, counts
+    residuals = {
+        c["worker"]: c["residual_ms"]
+        for c in router.client.post("/explain", json={"text": "z"}).json()["candidates"]
+    }
+    assert residuals[slow.url] > residuals[fast.url] + 50
+
+
+def test_reservations_spread_concurrent_load(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
+) -> None:
+    """Requests in flight weigh on a worker's queue load, so a burst uses both workers."""
+    a, b = workers("a", delay_s=0.3), workers("b", delay_s=0.3)
+    router = routers(worker_urls=[a.url, b.url], policy="lbgr")
+
+    async def burst() -> list[httpx.Response]:
+        async with async_http_client(router.url) as client:
+            return await asyncio.gather(
+                *(client.post("/generate", json={"text": _prompt(i, 300)}) for i in range(8))
+            )
+
+    resps = asyncio.run(burst())
+    counts = Counter(r.headers["X-KVRoute-Worker"] for r in resps)
+    assert all(r.status_code == 200 for r in resps)
+    assert min(counts[a.url], counts[b.url]) >= 2, counts
+
+
+def test_shared_prefix_sticks_to_one_worker(
+    router: RouterServer, two_workers: tuple[FakeWorker, ...]
+) -> None:
+    system = "You are a helpful assistant. " * 20
+    chosen = {
+        router.client.post("/generate", json={"text": system + f"question {i}"}).headers[
+            "X-KVRoute-Worker"
+        ]
+        for i in range(8)
+    }
+    assert len(chosen) == 1
+    explained = router.client.post("/explain", json={"text": system + "another"}).json()
+    owner = next(c for c in explained["candidates"] if c["worker"] in chosen)
+    assert owner["cached"] >= len(system)
+
+
+def _explain_then_send(router: RouterServer, body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    dry = router.client.post("/explain", json=body).json()
+    resp = router.client.post("/generate", json=body)
+    assert resp.status_code == 200
+    recorded = router.client.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
+    assert resp.headers["X-KVRoute-Worker"] == recorded["chosen"]
+    return dry, recorded
+
+
+def _same_decision(dry: dict[str, Any], recorded: dict[str, Any]) -> None:
+    assert dry["chosen"] == recorded["chosen"]
+    assert dry["policy"] == recorded["policy"]
+    assert dry["model"] == recorded["model"]
+    for d, r in zip(dry["candidates"], recorded["candidates"], strict=True):
+        assert d["worker"] == r["worker"]
+        for name in ("cached", "uncached", "base_ms", "residual_ms", "eligible"):
+            assert d[name] == r[name], name
+        # Only the clock moved between the two: the queue load decayed a little, never grew.
+        assert r["queue_ms"] <= d["queue_ms"] + 1e-6
+        assert r["queue_ms"] == pytest.approx(d["queue_ms"], rel=0.15, abs=1e-6)
+
+
+def test_explain_matches_the_decision_taken(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
+) -> None:
+    """Dry run, then the same body for real with no traffic in between: same decision."""
+    busy, idle = workers("busy", delay_s=1.0), workers("idle")
+    router = routers(worker_urls=[busy.url, idle.url], policy="lbgr")
+    long_prompt = "L" * 500
+    # A request holds `busy` (queue load ~500 ms) while the others are explained and sent.
+    with http_client(router.url) as client:
+        holder = threading.Thread(
+            target=lambda: client.post("/generate", json={"text": long_prompt})
+        )
+        holder.start()
+        try:
+            assert wait_until(lambda: busy.served() == 1)
+            cases = [
+                {"text": "short and new"},  # queue load decides: idle
+                {"text": long_prompt + " and a bit"},  # cache vs load: busy holds 500 units
+                {"text": "short and new, again"},  # idle caches the first prompt's prefix
+            ]
+            decisions = []
+            for body in cases:
+                dry, recorded = _explain_then_send(router, body)
+                _same_decision(dry, recorded)
+                decisions.append(recorded["chosen"])
+        finally:
+            holder.join(10)
+    assert decisions[0] == idle.url
+    assert decisions[1] == busy.url
+    assert decisions[2] == idle.url
+    assert busy.served() == 2
