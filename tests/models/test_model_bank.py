@@ -1,0 +1,237 @@
+"""ModelBank: failure isolation, per-worker vs shared models, rolling MAE, forget."""
+
+from __future__ import annotations
+
+import math
+import pickle
+import random
+from collections.abc import Iterator
+
+import pytest
+from model_support import random_features, scratch_registry
+
+from models import ModelBank, ModelSpec, ModelSpecError, RollingMAE, parse_spec, register_model
+from models.base import Features
+
+
+class Recorder:
+    """Predicts ``value`` (or raises), remembers every dict it learned on."""
+
+    def __init__(self, value: float = 7.0, fail_predict: bool = False, fail_learn: bool = False):
+        self.value = value
+        self.fail_predict = fail_predict
+        self.fail_learn = fail_learn
+        self.seen: list[Features] = []
+
+    def predict_one(self, x: Features) -> float:
+        if self.fail_predict:
+            raise RuntimeError("predict exploded")
+        return self.value
+
+    def learn_one(self, x: Features, y: float) -> None:
+        if self.fail_learn:
+            raise ZeroDivisionError("learn exploded")
+        self.seen.append(dict(x))
+
+
+@pytest.fixture
+def test_kinds() -> Iterator[None]:
+    with scratch_registry():
+        register_model("recorder", Recorder)
+        register_model("raises_predict", lambda: Recorder(fail_predict=True))
+        register_model("raises_learn", lambda: Recorder(fail_learn=True))
+        register_model("nan", lambda: Recorder(math.nan))
+        register_model("inf", lambda: Recorder(math.inf))
+        register_model("negative", lambda: Recorder(-40.0))
+        yield
+
+
+X = {"queue_ms": 120.0, "uncached_k": 2.0}
+
+
+def test_bad_spec_or_sharing_fails_at_construction() -> None:
+    with pytest.raises(ModelSpecError, match="unknown model kind 'nope'"):
+        ModelBank("nope")
+    with pytest.raises(ValueError, match="unknown sharing 'pooled'; known: per_worker, shared"):
+        ModelBank("ewmean", sharing="pooled")
+    with pytest.raises(ModelSpecError, match="unknown model kind 'nope'"):
+        ModelBank("ewmean", overrides={"w1": ModelSpec("nope")})
+
+
+@pytest.mark.usefixtures("test_kinds")
+def test_a_model_that_raises_in_predict_is_isolated_and_still_learns() -> None:
+    bank = ModelBank("raises_predict")
+    assert bank.predict("w", X) == 0.0
+    assert bank.failures == 1
+    for i in range(3):
+        error = bank.learn("w", X, 50.0 + i)
+        assert error == 50.0 + i  # the failed prediction counts as 0
+    assert bank.failures == 4  # one more per learn (its prediction before learning)
+    assert bank.samples == 3
+    model = bank._models["w"]
+    assert isinstance(model, Recorder)
+    assert len(model.seen) == 3  # learning went on
+    assert bank.mae("w") == pytest.approx(51.0)
+
+
+@pytest.mark.usefixtures("test_kinds")
+def test_a_model_that_raises_in_learn_is_counted_and_skipped() -> None:
+    bank = ModelBank("raises_learn")
+    for _ in range(5):
+        assert bank.learn("w", X, 10.0) == pytest.approx(3.0)  # |7 - 10|
+    assert (bank.failures, bank.samples) == (5, 5)
+    assert bank.predict("w", X) == 7.0  # still predicts
+    assert bank.status()["failures"] == 5
+
+
+@pytest.mark.usefixtures("test_kinds")
+@pytest.mark.parametrize("kind", ["nan", "inf"])
+def test_non_finite_predictions_become_zero_and_are_counted(kind: str) -> None:
+    bank = ModelBank(kind)
+    assert bank.predict("w", X) == 0.0
+    assert bank.failures == 1
+    assert bank.learn("w", X, 5.0) == 5.0
+    assert bank.mae() == 5.0
+
+
+@pytest.mark.usefixtures("test_kinds")
+def test_negative_predictions_are_clamped_but_not_failures() -> None:
+    bank = ModelBank("negative")
+    assert bank.predict("w", X) == 0.0
+    assert bank.failures == 0
+
+
+@pytest.mark.usefixtures("test_kinds")
+def test_predict_never_creates_state() -> None:
+    bank = ModelBank("recorder")
+    assert bank.predict("w1", X) == 7.0
+    assert bank._models == {}
+    assert bank.mae() is None
+    assert bank.mae("w1") is None
+
+
+@pytest.mark.usefixtures("test_kinds")
+def test_per_worker_keeps_one_model_per_worker_without_a_worker_feature() -> None:
+    bank = ModelBank("recorder")
+    bank.learn("w1", X, 1.0)
+    bank.learn("w2", X, 1.0)
+    bank.learn("w1", X, 1.0)
+    assert sorted(bank._models) == ["w1", "w2"]
+    assert [len(bank._models[w].seen) for w in ("w1", "w2")] == [2, 1]
+    assert all(seen == X for m in bank._models.values() for seen in m.seen)
+
+
+@pytest.mark.usefixtures("test_kinds")
+def test_shared_keeps_one_model_with_the_worker_one_hot() -> None:
+    bank = ModelBank("recorder", sharing="shared")
+    bank.learn("w1", X, 1.0)
+    bank.learn("w2", X, 1.0)
+    assert list(bank._models) == ["*"]
+    seen = bank._models["*"].seen
+    # Dense over the workers learned on so far: a sparse one-hot would be constant where
+    # present, and River's StandardScaler would scale it to 0 (invisible to linear and tree).
+    assert seen == [{**X, "worker=w1": 1.0}, {**X, "worker=w1": 0.0, "worker=w2": 1.0}]
+    assert bank._features("w1", X) == {**X, "worker=w1": 1.0, "worker=w2": 0.0}
+    assert bank._features("w3", X) == {**X, "worker=w1": 0.0, "worker=w2": 0.0, "worker=w3": 1.0}
+    bank.forget("w1")
+    assert bank._features("w2", X) == {**X, "worker=w2": 1.0}
+    assert X == {"queue_ms": 120.0, "uncached_k": 2.0}  # the caller's dict is not mutated
+
+
+def test_per_worker_models_learn_independently_shared_ones_do_not() -> None:
+    per_worker, shared = ModelBank("ewmean"), ModelBank("ewmean", sharing="shared")
+    for bank in (per_worker, shared):
+        for _ in range(20):
+            bank.learn("slow", X, 500.0)
+    assert per_worker.predict("slow", X) == pytest.approx(500.0)
+    assert per_worker.predict("fast", X) == 0.0
+    assert shared.predict("fast", X) == pytest.approx(500.0)  # ewmean ignores the one-hot
+
+
+@pytest.mark.parametrize("kind", ["linear", "tree"])
+def test_shared_learners_tell_workers_apart_through_the_one_hot(kind: str) -> None:
+    bank = ModelBank(kind, sharing="shared")
+    rng = random.Random(0)
+    for _ in range(1500):
+        worker = rng.choice(("fast", "slow"))
+        x = {"queue_ms": rng.uniform(0, 100), "uncached_k": rng.uniform(0, 4)}
+        bank.learn(worker, x, 400.0 if worker == "slow" else 50.0)
+    probe = {"queue_ms": 50.0, "uncached_k": 2.0}
+    assert bank.predict("slow", probe) == pytest.approx(400.0, rel=0.15)
+    assert bank.predict("fast", probe) == pytest.approx(50.0, abs=40.0)
+
+
+def test_rolling_mae_per_worker_and_fleet() -> None:
+    bank = ModelBank("none", window=3)  # predicts 0: every error is the target itself
+    for y in (1.0, 2.0, 3.0, 4.0):
+        assert bank.learn("a", X, y) == y
+    bank.learn("b", X, 10.0)
+    assert bank.mae("a") == pytest.approx(3.0)  # the last three: 2, 3, 4
+    assert bank.mae("b") == pytest.approx(10.0)
+    assert bank.mae() == pytest.approx((2 + 3 + 4 + 10) / 4)  # weighted by samples in window
+    assert bank.mae("nobody") is None
+    status = bank.status()
+    assert status["per_worker_mae_ms"] == {"a": 3.0, "b": 10.0}
+    assert status["mae_ms"] == pytest.approx(4.75)
+    assert status["samples"] == 5
+    assert status["spec"] == {"kind": "none", "params": {}}
+    assert status["sharing"] == "per_worker"
+
+
+def test_rolling_mae_window() -> None:
+    mae = RollingMAE(window=2)
+    assert mae.get() is None
+    for err in (1.0, 3.0, 5.0, 7.0):
+        mae.update(err)
+    assert (mae.get(), mae.count) == (6.0, 4)
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        RollingMAE(0)
+
+
+def test_learn_returns_the_error_of_the_prediction_made_before() -> None:
+    bank = ModelBank("ewmean")
+    assert bank.learn("w", X, 100.0) == 100.0  # untrained: predicted 0
+    assert bank.learn("w", X, 100.0) == pytest.approx(0.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("sharing", ["per_worker", "shared"])
+def test_forget_drops_a_workers_model_and_error(sharing: str) -> None:
+    bank = ModelBank("ewmean", sharing=sharing)
+    for worker in ("a", "b"):
+        bank.learn(worker, X, 300.0)
+    bank.forget("a")
+    assert bank.mae("a") is None
+    assert bank.mae("b") is not None
+    assert bank.predict("b", X) == pytest.approx(300.0)
+    if sharing == "per_worker":
+        assert bank.predict("a", X) == 0.0  # back to a fresh model
+    else:
+        assert bank.predict("a", X) == pytest.approx(300.0)  # the shared model stays
+    bank.forget("never-seen")  # forgetting an unknown worker is a no-op
+
+
+def test_forget_drops_a_per_worker_override() -> None:
+    bank = ModelBank("ewmean").with_override("a", parse_spec("none"))
+    assert bank.kind_for("a") == "none"
+    bank.forget("a")
+    assert bank.kind_for("a") == "ewmean"
+
+
+@pytest.mark.usefixtures("test_kinds")
+def test_an_override_in_a_shared_bank_gets_its_own_model_without_the_one_hot() -> None:
+    bank = ModelBank("recorder", sharing="shared").with_override("w2", parse_spec("recorder"))
+    bank.learn("w1", X, 1.0)
+    bank.learn("w2", X, 1.0)
+    assert sorted(bank._models) == ["*", "w2"]
+    assert bank._models["w2"].seen == [X]
+
+
+def test_bank_pickles_with_its_models_and_errors() -> None:
+    bank = ModelBank("linear", sharing="shared")
+    rng = random.Random(3)
+    for _ in range(100):
+        bank.learn(rng.choice("ab"), random_features(rng), rng.uniform(0, 500))
+    copy = pickle.loads(pickle.dumps(bank))
+    probe = random_features(rng)
+    assert copy.predict("a", probe) == bank.predict("a", probe)
+    assert copy.status() == bank.status()
