@@ -89,6 +89,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         for policy in args.policy:
             cluster.flush()
             url = cluster.start_router("kvroute", policy)
+            cluster.warm_up()
             print(
                 f"{policy}: {len(workload)} requests at {args.rate:g} req/s "
                 f"(emulated) through {url}",

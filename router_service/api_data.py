@@ -8,6 +8,7 @@ import aiohttp
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from router_service.errors import ServiceError
 from router_service.proxy import forward, read_body, route_only
@@ -31,6 +32,22 @@ _BODY_DOC = {
 def _state(request: Request) -> ServiceState:
     state: ServiceState = request.app.state.kvroute
     return state
+
+
+def data_plane_routes(state: ServiceState) -> list[Route]:
+    """The proxied routes as plain Starlette routes bound to ``state``."""
+
+    def bind(kind: str, path: str) -> Route:
+        async def endpoint(request: Request) -> Response:
+            return await forward(state, request, kind, path)
+
+        return Route(path, endpoint, methods=["POST"], include_in_schema=False)
+
+    return [
+        bind("generate", "/generate"),
+        bind("completions", "/v1/completions"),
+        bind("chat", "/v1/chat/completions"),
+    ]
 
 
 @router.post("/generate", openapi_extra=_BODY_DOC, tags=["data plane"])

@@ -26,6 +26,7 @@ from models import ModelSlot
 from models.persistence import SnapshotError, load, save
 from router_service.api_control import build_policy
 from router_service.api_control import router as control_router
+from router_service.api_data import data_plane_routes
 from router_service.api_data import router as data_router
 from router_service.decisions import DecisionLog
 from router_service.errors import ServiceError, error_response
@@ -198,4 +199,8 @@ def create_app(settings: Settings) -> FastAPI:
     _install_error_handlers(app)
     app.include_router(data_router)
     app.include_router(control_router)
+    # The proxied routes also run as plain Starlette routes matched first: same handlers,
+    # without FastAPI's per-request dependency machinery on the hot path. The FastAPI
+    # declarations above stay for the OpenAPI schema.
+    app.router.routes[0:0] = data_plane_routes(app.state.kvroute)
     return app

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +45,8 @@ class ServiceState:
         return self.session
 
     def new_request_id(self) -> str:
-        return uuid.UUID(int=self.rng.getrandbits(128), version=4).hex
+        """Random, so ids cannot be guessed to read other requests' decisions."""
+        return os.urandom(16).hex()
 
     def now_ms(self) -> float:
         return time.monotonic() * 1000.0

@@ -8,6 +8,7 @@ exception, and on Ctrl-C.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
-__all__ = ["LocalCluster", "free_port", "wait_healthy"]
+__all__ = ["LocalCluster", "free_port", "wait_healthy", "wait_registered"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -45,6 +46,25 @@ def wait_healthy(
             pass
         time.sleep(0.1)
     raise TimeoutError(f"{url}{path} was not healthy within {timeout_s:.0f} s")
+
+
+def wait_registered(
+    url: str, workers: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Poll sglang-router's ``/workers`` until it lists ``workers`` healthy workers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url} exited with status {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/workers", timeout=1) as resp:
+                listed = json.loads(resp.read()).get("workers", [])
+            if sum(1 for w in listed if w.get("is_healthy", True)) >= workers:
+                return
+        except (urllib.error.URLError, OSError, TimeoutError, ValueError, AttributeError):
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not register {workers} workers within {timeout_s:.0f} s")
 
 
 @dataclass
@@ -141,6 +161,12 @@ class LocalCluster:
                 policy,
                 "--worker-urls",
                 *self.worker_urls,
+                # Its Prometheus exporter binds 0.0.0.0:29000 by default, so a second router on
+                # the machine would die at start: give it a free loopback port.
+                "--prometheus-host",
+                self.host,
+                "--prometheus-port",
+                str(free_port(self.host)),
                 *extra,
             ]
         else:
@@ -148,7 +174,30 @@ class LocalCluster:
         self._router = self._spawn(args, f"router-{kind}-{policy}")
         self.router_url = f"http://{self.host}:{port}"
         wait_healthy(self.router_url, 60, self._router)
+        if kind == "sglang-router":
+            # It answers /health before it has registered its workers (in the background);
+            # traffic sent then would all go to whichever worker registered first.
+            wait_registered(self.router_url, len(self.worker_urls), 60, self._router)
         return self.router_url
+
+    def warm_up(self) -> None:
+        """One tiny request through the router, then flush the workers.
+
+        A fresh ``kvroute serve`` spends ~0.1 s of wall time on its first request (the
+        upstream session, lazy imports); at a time scale of 10 that is a second of emulated
+        latency for every request queued behind it, so runs start warm.
+        """
+        if self.router_url is None:
+            raise RuntimeError("start a router before warming it up")
+        body = json.dumps({"input_ids": [1], "sampling_params": {"max_new_tokens": 1}})
+        req = urllib.request.Request(
+            self.router_url + "/generate",
+            data=body.encode(),
+            headers={"Content-Type": "application/json"},  # sglang-router requires it
+        )
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            resp.read()
+        self.flush()
 
     def flush(self) -> None:
         """Empty every worker's cache (between benchmark rows)."""

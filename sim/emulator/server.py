@@ -5,7 +5,8 @@ Routes: ``POST /generate`` (SGLang native, ``text`` or ``input_ids``, streaming)
 ``GET /v1/models``, ``GET /health``, ``GET /health_generate``, ``GET /get_model_info``,
 ``GET /get_server_info``, ``GET|POST /flush_cache``, ``GET /metrics`` (Prometheus text with
 ``sglang:prompt_tokens_total`` and ``sglang:cached_tokens_total``, from which the paper computes
-the hit rate). Time comes from the service model (``sim.profiles``), scaled by ``time_scale``.
+the hit rate). Time comes from the service model (``sim.profiles``), scaled by ``time_scale``;
+``meta_info.e2e_latency`` is in emulated seconds, so it does not depend on the scale.
 """
 
 from __future__ import annotations
@@ -164,14 +165,14 @@ async def _run(runtime: EmulatedRuntime, job: _Job) -> Submission:
         raise BadRequest(str(exc)) from None
 
 
-def _meta(sub: Submission, produced: int, started: float, done: bool) -> dict[str, Any]:
+def _meta(sub: Submission, produced: int, e2e_s: float, done: bool) -> dict[str, Any]:
     req = sub.request
     meta: dict[str, Any] = {
         "id": req.rid,
         "prompt_tokens": req.prompt_tokens,
         "completion_tokens": produced,
         "cached_tokens": req.cached,
-        "e2e_latency": time.monotonic() - started,
+        "e2e_latency": e2e_s,
     }
     meta["finish_reason"] = {"type": "length", "length": produced} if done else None
     return meta
@@ -193,22 +194,27 @@ async def handle(request: web.Request, kind: str) -> web.StreamResponse:
     runtime, config = request.app[RUNTIME], request.app[CONFIG]
     try:
         job = _job(await _json(request), kind, config.default_max_new_tokens)
-        started = time.monotonic()
+        started_ms = runtime.now_ms()
         sub = await _run(runtime, job)
     except BadRequest as exc:
         return _error(400, exc.message)
+
+    def e2e_s() -> float:
+        """Emulated seconds since the request arrived (wall time x time_scale)."""
+        return (runtime.now_ms() - started_ms) / 1000.0
+
     if not job.stream:
         produced = 0
         async for count in _tokens(sub):
             produced = count
-        return web.json_response(_final(kind, sub, produced, started, config))
+        return web.json_response(_final(kind, sub, produced, e2e_s(), config))
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await resp.prepare(request)
     produced = 0
     async for produced in _tokens(sub):
-        chunk = _chunk(kind, sub, produced, started, config)
+        chunk = _chunk(kind, sub, produced, e2e_s(), config)
         await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
     if kind != "generate":
         await resp.write(
@@ -230,14 +236,14 @@ def _usage(sub: Submission, produced: int) -> dict[str, Any]:
 
 
 def _final(
-    kind: str, sub: Submission, produced: int, started: float, config: EmulatorConfig
+    kind: str, sub: Submission, produced: int, e2e_s: float, config: EmulatorConfig
 ) -> dict[str, Any]:
     text, rid, created = _text(produced), sub.request.rid, int(time.time())
     if kind == "generate":
         return {
             "text": text,
             "output_ids": list(range(produced)),
-            "meta_info": _meta(sub, produced, started, True),
+            "meta_info": _meta(sub, produced, e2e_s, True),
         }
     if kind == "completions":
         return {
@@ -266,14 +272,14 @@ def _final(
 
 
 def _chunk(
-    kind: str, sub: Submission, produced: int, started: float, config: EmulatorConfig
+    kind: str, sub: Submission, produced: int, e2e_s: float, config: EmulatorConfig
 ) -> dict[str, Any]:
     rid, created = sub.request.rid, int(time.time())
     if kind == "generate":
         return {
             "text": _text(produced),
             "output_ids": list(range(produced)),
-            "meta_info": _meta(sub, produced, started, False),
+            "meta_info": _meta(sub, produced, e2e_s, False),
         }
     delta = decode_filler(produced - 1)
     if kind == "completions":
