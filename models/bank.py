@@ -47,22 +47,20 @@ class ModelBank:
         self.sharing = sharing
         self.window = window
         self.overrides: dict[str, ModelSpec] = dict(overrides or {})
-        self._prototypes: dict[str, ResidualModel] = {}
-        # Build every spec once now: a bad spec (the default or a per-worker override) fails
-        # here, at swap time, and not inside every later routing decision.
-        for each in (self.spec, *self.overrides.values()):
-            self._prototype(each)
+        # Untrained models answer for workers that have not learned yet. They are built now,
+        # so a bad spec (the default or a per-worker override) fails here, at swap time, and
+        # not inside every later routing decision.
+        self._default = make_model(self.spec)
+        self._override_protos = {w: make_model(s) for w, s in self.overrides.items()}
+        self.needs_features = any(
+            getattr(model, "uses_features", True)
+            for model in (self._default, *self._override_protos.values())
+        )
         self._models: dict[str, ResidualModel] = {}
         self._errors: dict[str, RollingMAE] = {}
         self._one_hot: dict[str, dict[str, float]] = {}  # shared: worker -> its one-hot row
         self.failures = 0
         self.samples = 0
-
-    def _prototype(self, spec: ModelSpec) -> ResidualModel:
-        proto = self._prototypes.get(spec.key)
-        if proto is None:
-            proto = self._prototypes[spec.key] = make_model(spec)
-        return proto
 
     def spec_for(self, worker: str) -> ModelSpec:
         return self.overrides.get(worker, self.spec)
@@ -93,7 +91,7 @@ class ModelBank:
         """Predicted residual (ms); 0 when the model fails. Never creates state."""
         model = self._models.get(self._key(worker))
         if model is None:  # not ``or``: a model may define ``__len__`` (a River pipeline does)
-            model = self._prototype(self.spec_for(worker))
+            model = self._override_protos.get(worker, self._default)
         try:
             value = float(model.predict_one(self._features(worker, x)))
         except Exception:  # noqa: BLE001 - a model must never take routing down

@@ -13,7 +13,11 @@ Features = dict[Any, Any]
 
 @runtime_checkable
 class ResidualModel(Protocol):
-    """Predicts the part of a request's latency (ms) that the service estimate misses."""
+    """Predicts the part of a request's latency (ms) that the service estimate misses.
+
+    A model may set ``uses_features = False`` when it ignores ``x`` (a mean of the residual);
+    callers then skip building feature dicts on the hot path.
+    """
 
     def predict_one(self, x: Features) -> float: ...
 

@@ -15,6 +15,8 @@ __all__ = ["ZeroResidual", "register_builtins"]
 class ZeroResidual(base.Regressor):
     """``none``: always 0, i.e. no learning; LBGR then ranks on the service estimate alone."""
 
+    uses_features = False
+
     def learn_one(self, x: Features, y: float) -> None:
         pass
 

@@ -26,6 +26,8 @@ class EWMeanResidual(base.Regressor):
     20.342
     """
 
+    uses_features = False  # a mean of the residual: callers may skip building features
+
     def __init__(self, forgetting: float = 0.95, p0: float = 1e6) -> None:
         if not 0.0 < forgetting <= 1.0:
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting}")

@@ -44,6 +44,14 @@ class ModelSlot:
             challenger.learn(worker, x, y)
         return self.champion.learn(worker, x, y)
 
+    @property
+    def needs_features(self) -> bool:
+        """False when every model in use ignores features (``ewmean``, ``none``)."""
+        challenger = self.challenger
+        return self.champion.needs_features or (
+            challenger is not None and challenger.needs_features
+        )
+
     def kind_for(self, worker: str) -> str:
         return self.champion.kind_for(worker)
 

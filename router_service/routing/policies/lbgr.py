@@ -29,6 +29,8 @@ from router_service.routing.types import (
 
 __all__ = ["LBGRPolicy"]
 
+_NO_FEATURES: dict[str, float] = {}
+
 
 class LBGRPolicy:
     """Greedy on predicted end-to-end latency, with one residual model per worker."""
@@ -66,13 +68,15 @@ class LBGRPolicy:
         best: Candidate | None = None
         best_features: dict[str, float] | None = None
         candidates: list[Candidate] = []
+        models = self.models
+        with_features = models.needs_features  # ewmean/none ignore them: skip the dicts
         for w in workers:
             if not w.healthy:
                 candidates.append(ineligible_candidate(w))
                 continue
             base = self.base_ms(w.cached, total - w.cached)
-            features = residual_features(request, w)
-            residual = self.models.predict(w.url, features)
+            features = residual_features(request, w) if with_features else _NO_FEATURES
+            residual = models.predict(w.url, features)
             predicted = max(1.0, base + self.alpha * w.queue_ms + residual)
             cand = Candidate(
                 worker=w.url,
