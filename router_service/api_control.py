@@ -81,7 +81,7 @@ def _worker_view(state: ServiceState, url: str) -> dict[str, Any]:
         "in_flight": state.router.in_flight.get(url, 0),
         "pending_units": state.router.pending_units.get(url, 0),
         "queue_ms": state.last_queue_ms.get(url, 0.0),
-        "index_units": state.router.index.units(url),
+        "index_units": state.router.index_units(url),
     }
 
 
@@ -105,6 +105,8 @@ async def add_worker(body: WorkerBody, request: Request) -> JSONResponse:
         )
     state.pool.add(url)
     await state.pool.check(url)
+    if state.index_sync is not None:
+        state.index_sync.publish_worker(url, added=True)
     return JSONResponse(_worker_view(state, url), status_code=201)
 
 
@@ -128,12 +130,19 @@ async def remove_worker(request: Request, url: str | None = None) -> JSONRespons
         raise ServiceError(
             404, f"worker {url} is not registered", field="url", error_type="not_found"
         )
+    forget_worker(state, url)
+    await state.store.remove(url)
+    if state.index_sync is not None:
+        state.index_sync.publish_worker(url, added=False)
+    return JSONResponse({"removed": url, "workers": state.pool.urls()})
+
+
+def forget_worker(state: ServiceState, url: str) -> None:
+    """Drop a worker from the pool, the routing core and the per-worker counters."""
     state.pool.remove(url)
     state.router.remove_worker(url)
     for per_worker in (state.prompt_units, state.cached_units, state.last_queue_ms):
         per_worker.pop(url, None)
-    await state.store.remove(url)
-    return JSONResponse({"removed": url, "workers": state.pool.urls()})
 
 
 def build_policy(

@@ -136,6 +136,7 @@ async def health(request: Request) -> JSONResponse:
             u: {"healthy": w["healthy"], "reason": w["reason"]} for u, w in snap["workers"].items()
         },
         "store": store,
+        "index_sync": snap["index_sync"],
         "draining": state.draining,
     }
     return JSONResponse(body, status_code=200 if status != "unavailable" else 503)

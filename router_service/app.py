@@ -16,23 +16,25 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import aiohttp
+import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from kvroute import __version__
-from models import ModelSlot
-from models.persistence import SnapshotError, load, save
-from router_service.api_control import build_policy
+from router_service.api_control import build_policy, forget_worker
 from router_service.api_control import router as control_router
 from router_service.api_data import data_plane_routes
 from router_service.api_data import router as data_router
 from router_service.decisions import DecisionLog
 from router_service.errors import ServiceError, error_response
+from router_service.index_sync import IndexSync
 from router_service.load_store import make_store
 from router_service.metrics import Metrics
+from router_service.model_snapshots import ModelSnapshots
 from router_service.routing import LBGRPolicy, Router
+from router_service.routing.block_keys import BlockKeys
 from router_service.settings import Settings
 from router_service.state import ServiceState
 from router_service.workers import WorkerPool
@@ -44,9 +46,11 @@ log = logging.getLogger("kvroute.app")
 
 def _build_state(settings: Settings) -> ServiceState:
     rng = random.Random(secrets.randbits(64))
+    shared = bool(settings.redis_url and settings.index_sync)
+    policy = build_policy(settings, rng, settings.policy, settings.policy_params)
     state = ServiceState(
         settings=settings,
-        router=Router(build_policy(settings, rng, settings.policy, settings.policy_params)),
+        router=Router(policy, keys=BlockKeys(settings.index_block_units) if shared else None),
         pool=WorkerPool(
             lambda: state.http(),  # bound late: the session opens in the lifespan
             timeout_s=settings.health_timeout_s,
@@ -61,38 +65,62 @@ def _build_state(settings: Settings) -> ServiceState:
     )
     for url in settings.worker_urls:
         state.pool.add(url)
-    state.metrics = Metrics(state.snapshot)
+    state.metrics = Metrics(state.snapshot, state.replica_id)
+    redis = None
+    if settings.redis_url:
+        # Separate from the load store's client: XREAD blocks for a second and snapshots are
+        # large, far beyond the load store's millisecond timeouts.
+        redis = aioredis.Redis.from_url(
+            settings.redis_url, socket_timeout=5.0, socket_connect_timeout=1.0
+        )
+    token = settings.admin_token
+    state.snapshots = ModelSnapshots(
+        settings.model_snapshot_path,
+        redis,
+        settings.cluster,
+        state.replica_id,
+        token.get_secret_value().encode() if token else None,
+    )
+    if shared and redis is not None:
+        state.index_sync = IndexSync(
+            redis,
+            settings.cluster,
+            state.replica_id,
+            state.router,
+            on_worker_added=lambda url: _adopt_worker(state, url),
+            on_worker_removed=lambda url: _drop_worker(state, url),
+            on_lag=state.metrics.index_lag_seconds.observe,
+        )
     return state
 
 
-def _restore_models(state: ServiceState) -> None:
-    path = state.settings.model_snapshot_path
+def _adopt_worker(state: ServiceState, url: str) -> None:
+    """Another replica registered a worker: register it here too (health decides traffic)."""
+    if url not in state.pool:
+        state.pool.add(url)
+        asyncio.get_running_loop().create_task(state.pool.check(url))
+
+
+def _drop_worker(state: ServiceState, url: str) -> None:
+    """Another replica removed a worker: forget it here too."""
+    if url in state.pool:
+        forget_worker(state, url)
+
+
+async def _restore_models(state: ServiceState) -> None:
     policy = state.router.policy
-    if path is None or policy.models is None or not path.exists():
+    if not isinstance(policy, LBGRPolicy):
         return
-    try:
-        slot = load(path, _snapshot_key(state))
-    except (SnapshotError, OSError) as exc:
-        log.warning("ignoring model snapshot %s: %s", path, exc)
-        return
-    if isinstance(policy, LBGRPolicy):
+    slot = await state.snapshots.restore()
+    if slot is not None:
         policy.models = slot
-    log.info("loaded model snapshot %s (version %s)", path, slot.version)
+        log.info("loaded model snapshot %s (version %s)", state.snapshots.source, slot.version)
 
 
-def _snapshot_key(state: ServiceState) -> bytes | None:
-    token = state.settings.admin_token
-    return token.get_secret_value().encode() if token else None
-
-
-def _save_models(state: ServiceState) -> None:
-    path, slot = state.settings.model_snapshot_path, state.router.policy.models
-    if path is None or not isinstance(slot, ModelSlot):
-        return
-    try:
-        save(slot, path, _snapshot_key(state))
-    except OSError as exc:
-        log.warning("model snapshot to %s failed: %s", path, exc)
+async def _save_models(state: ServiceState) -> None:
+    slot = state.router.policy.models
+    if slot is not None:
+        await state.snapshots.save(slot)
 
 
 async def _every(interval_s: float, action: Callable[[], Awaitable[None] | None]) -> None:
@@ -112,7 +140,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = state.settings
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
     state.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-    _restore_models(state)
+    await _restore_models(state)
     await asyncio.wait_for(state.pool.check_all(), settings.health_timeout_s + 1.0)
 
     def trim() -> None:
@@ -122,7 +150,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         asyncio.create_task(state.pool.run(settings.health_interval_s), name="health"),
         asyncio.create_task(_every(1.0, trim), name="trim"),
     ]
-    if settings.model_snapshot_path is not None:
+    if state.index_sync is not None:
+        state.index_sync.start()
+    if state.snapshots.enabled:
         tasks.append(
             asyncio.create_task(
                 _every(settings.model_snapshot_interval_s, lambda: _save_models(state)),
@@ -146,9 +176,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        _save_models(state)
+        if state.index_sync is not None:
+            await state.index_sync.stop()
+        await _save_models(state)
         await state.session.close()
         await state.store.close()
+        if state.snapshots.client is not None:
+            await state.snapshots.client.aclose()
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -16,6 +16,9 @@
 | ``kvroute_redis_fallbacks_total`` | gauge | |
 | ``kvroute_redis_connected`` | gauge | |
 | ``kvroute_index_units`` | gauge | worker |
+| ``kvroute_index_sync_lag_seconds`` | histogram | |
+| ``kvroute_index_sync_events`` | gauge | kind (published/applied/dropped) |
+| ``kvroute_replica_info`` | gauge | replica_id |
 
 Gauges are computed when scraped from the live state (``StateCollector``), so they cost
 nothing on the request path. The estimated hit ratio is the router's view (cached units the
@@ -27,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -92,14 +95,29 @@ class _StateCollector(Collector):
         )
         connected.add_metric([], 1.0 if store.get("redis_connected") else 0.0)
         yield connected
+        sync = state.get("index_sync")
+        events = GaugeMetricFamily(
+            "kvroute_index_sync_events", "Shared-index events of this replica", labels=["kind"]
+        )
+        for kind in ("published", "applied", "dropped"):
+            events.add_metric([kind], float(sync[kind]) if sync else 0.0)
+        yield events
 
 
 class Metrics:
     """Counters and histograms updated on the request path, gauges read on scrape."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], replica_id: str = "") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        info = Gauge("kvroute_replica_info", "This router replica", ["replica_id"], registry=r)
+        info.labels(replica_id).set(1)
+        self.index_lag_seconds = Histogram(
+            "kvroute_index_sync_lag_seconds",
+            "Delay from another replica's routing decision to its index update here",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
         self.requests = Counter(
             "kvroute_requests", "Proxied requests", ["worker", "policy", "status"], registry=r
         )

@@ -146,7 +146,12 @@ async def forward(state: ServiceState, request: Request, kind: str, path: str) -
     statuses = await state.worker_statuses()
     started = time.perf_counter()
     decision = route_only(state, parsed, statuses)
-    state.router.commit(parsed.route, decision, state.now_ms())
+    now_ms = state.now_ms()
+    state.router.commit(parsed.route, decision, now_ms)
+    if state.index_sync is not None:
+        index_key = state.router.index_key(parsed.route)
+        if isinstance(index_key, str):  # block digests: always a str with index sync on
+            state.index_sync.publish_insert(decision.chosen, index_key, now_ms)
     _count_units(state, decision, parsed)
     if state.metrics is not None:
         state.metrics.decision_seconds.labels(decision.policy).observe(

@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     cluster: str = "default"  # namespaces shared state in Redis
     redis_timeout_ms: float = Field(50.0, gt=0)
+    index_sync: bool = True  # with redis_url: share the prefix index between replicas
+    index_block_units: int = Field(16, ge=1, le=4096)
     admin_token: SecretStr | None = None
     replica_id: str | None = None
     health_interval_s: float = Field(5.0, gt=0)

@@ -12,8 +12,10 @@ import aiohttp
 
 from models import ModelSlot
 from router_service.decisions import DecisionLog
+from router_service.index_sync import IndexSync
 from router_service.load_store import LoadStore
 from router_service.metrics import Metrics
+from router_service.model_snapshots import ModelSnapshots
 from router_service.routing import Router, WorkerStatus
 from router_service.settings import Settings
 from router_service.workers import WorkerPool
@@ -36,6 +38,10 @@ class ServiceState:
     last_queue_ms: dict[str, float] = field(default_factory=dict)
     prompt_units: dict[str, int] = field(default_factory=dict)
     cached_units: dict[str, int] = field(default_factory=dict)
+    index_sync: IndexSync | None = None
+    snapshots: ModelSnapshots = field(
+        default_factory=lambda: ModelSnapshots(None, None, "default", "", None)
+    )
     draining: bool = False
     policy_params: dict[str, Any] = field(default_factory=dict)
 
@@ -49,7 +55,8 @@ class ServiceState:
         return os.urandom(16).hex()
 
     def now_ms(self) -> float:
-        return time.monotonic() * 1000.0
+        """Wall-clock ms: index timestamps must agree between replicas (index_sync)."""
+        return time.time() * 1000.0
 
     async def worker_statuses(self) -> list[WorkerStatus]:
         """Health from the pool, decayed queue load from the store (one round trip)."""
@@ -65,7 +72,6 @@ class ServiceState:
     def snapshot(self) -> dict[str, Any]:
         """Live figures for /metrics and /health (computed on demand, not per request)."""
         slot = self.model_slot()
-        index = self.router.index
         workers = {}
         for url, w in self.pool.workers.items():
             prompt = self.prompt_units.get(url, 0)
@@ -74,7 +80,7 @@ class ServiceState:
                 "reason": w.reason,
                 "queue_ms": self.last_queue_ms.get(url, 0.0),
                 "in_flight": self.router.in_flight.get(url, 0),
-                "index_units": index.units(url),
+                "index_units": self.router.index_units(url),
                 "hit_ratio_estimate": self.cached_units.get(url, 0) / prompt if prompt else 0.0,
             }
         models = {}
@@ -86,4 +92,5 @@ class ServiceState:
             "models": models,
             "model_version": slot.version if slot is not None else None,
             "store": self.store.status(),
+            "index_sync": self.index_sync.status() if self.index_sync is not None else None,
         }

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engine_ext.cache.keys import Key
+from router_service.routing.block_keys import CHARS_PER_BLOCK, BlockKeys
 from router_service.routing.policy import RoutingPolicy
 from router_service.routing.prefix_index import PrefixIndex
 from router_service.routing.types import (
@@ -30,9 +32,18 @@ class Router:
     starts warm, and ``/explain`` can show what each worker is believed to cache.
     """
 
-    def __init__(self, policy: RoutingPolicy, index: PrefixIndex | None = None) -> None:
+    def __init__(
+        self,
+        policy: RoutingPolicy,
+        index: PrefixIndex | None = None,
+        keys: BlockKeys | None = None,
+    ) -> None:
         self.policy = policy
         self.index = index if index is not None else PrefixIndex()
+        # With block keys the index holds chained block digests instead of prompt units, so
+        # replicas can share it (router_service.index_sync); matches are block-granular.
+        self.keys = keys
+        self._last_key: tuple[str, Key] = ("", "")
         self.in_flight: dict[str, int] = {}
         self.pending_units: dict[str, int] = {}  # uncached units routed, not yet completed
         # decision id -> (worker, uncached units, the policy that made it)
@@ -48,9 +59,8 @@ class Router:
     def snapshots(
         self, request: RouteRequest, workers: Sequence[WorkerStatus]
     ) -> list[WorkerSnapshot]:
-        _, matched = self.index.match(request.key)
-        self._last_match = (request.request_id, matched)
-        index, in_flight, pending = self.index, self.in_flight, self.pending_units
+        matched = self._match(request)
+        in_flight, pending = self.in_flight, self.pending_units
         return [
             WorkerSnapshot(
                 url=w.url,
@@ -59,18 +69,44 @@ class Router:
                 queue_ms=w.queue_ms,
                 in_flight=in_flight.get(w.url, 0),
                 cached=matched.get(w.url, 0),
-                index_units=index.units(w.url),
+                index_units=self.index_units(w.url),
                 pending_units=pending.get(w.url, 0),
             )
             for w in workers
         ]
 
+    def index_key(self, request: RouteRequest) -> Key:
+        """What the index stores for ``request``: its units, or its block digests."""
+        if self.keys is None:
+            return request.key
+        last_id, key = self._last_key
+        if last_id != request.request_id:
+            key = self.keys.key(request.key)
+            self._last_key = (request.request_id, key)
+        return key
+
+    def _match(self, request: RouteRequest) -> dict[str, int]:
+        """Cached units per worker for ``request`` (remembered for the commit that follows)."""
+        _, matched = self.index.match(self.index_key(request))
+        if self.keys is not None:
+            keys, total = self.keys, request.units
+            matched = {w: keys.units(m, total) for w, m in matched.items()}
+        self._last_match = (request.request_id, matched)
+        return matched
+
     def cached_for(self, request: RouteRequest, worker: str) -> int:
         """Units of ``request`` the index believes ``worker`` caches (reuses the last match)."""
         last_id, matched = self._last_match
         if last_id != request.request_id:
-            matched = self.index.match(request.key)[1]
+            matched = self._match(request)
         return matched.get(worker, 0)
+
+    def index_units(self, worker: str) -> int:
+        """Prompt units the index holds for ``worker`` (block-granular with block keys)."""
+        units = self.index.units(worker)
+        if self.keys is None:
+            return units
+        return units // CHARS_PER_BLOCK * self.keys.block_units
 
     def decide(self, request: RouteRequest, workers: Sequence[WorkerStatus]) -> Decision:
         """The decision the router would take now; changes nothing."""
@@ -81,7 +117,7 @@ class Router:
         chosen = decision.chosen
         uncached = request.units - self.cached_for(request, chosen)
         self.policy.commit(decision)
-        self.index.insert(request.key, chosen, now_ms)
+        self.index.insert(self.index_key(request), chosen, now_ms)
         self.in_flight[chosen] = self.in_flight.get(chosen, 0) + 1
         self.pending_units[chosen] = self.pending_units.get(chosen, 0) + uncached
         self._open[decision.decision_id] = (chosen, uncached, self.policy)
@@ -119,7 +155,8 @@ class Router:
         if now_ms - self._last_trim_ms < settings.trim_interval_s * 1000.0:
             return 0
         self._last_trim_ms = now_ms
-        return self.index.trim(settings.max_units_per_worker)
+        cap = settings.max_units_per_worker
+        return self.index.trim(cap if self.keys is None else self.keys.index_units(cap))
 
     def remove_worker(self, url: str) -> None:
         """Drop a worker's index entries, in-flight count and learned state.

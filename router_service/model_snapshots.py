@@ -1,0 +1,93 @@
+"""Where a replica's residual models are kept between runs: a file, and Redis.
+
+Models are kept per replica, not merged: each replica learns from the outcomes of the
+requests it routed, and River's incremental learners have no general merge. What replicas
+share is a starting point: every snapshot is also written to
+``kvroute:{cluster}:models:latest`` (and ``...:models:{replica_id}``), and a replica that
+starts with no snapshot of its own warm-loads the latest one, so a new or restarted replica
+routes with learned residuals from its first request. With an admin token configured,
+snapshots are HMAC-signed with it and unsigned or foreign ones are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from models import ModelSlot
+from models.persistence import SnapshotError, dumps, load, loads, save
+
+__all__ = ["ModelSnapshots"]
+
+log = logging.getLogger("kvroute.models")
+
+
+class ModelSnapshots:
+    def __init__(
+        self,
+        path: Path | None,
+        client: aioredis.Redis | None,
+        cluster: str,
+        replica_id: str,
+        key: bytes | None,
+    ) -> None:
+        self.path = path
+        self.client = client
+        self.prefix = f"kvroute:{cluster}:models:"
+        self.replica_id = replica_id
+        self.key = key
+        self.saved = 0
+        self.source: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None or self.client is not None
+
+    async def restore(self) -> ModelSlot | None:
+        """This replica's file snapshot, else the cluster's latest in Redis, else None."""
+        if self.path is not None and self.path.exists():
+            try:
+                slot = load(self.path, self.key)
+            except (SnapshotError, OSError) as exc:
+                log.warning("ignoring model snapshot %s: %s", self.path, exc)
+            else:
+                self.source = str(self.path)
+                return slot
+        if self.client is None:
+            return None
+        try:
+            data = await asyncio.wait_for(self.client.get(self.prefix + "latest"), 2.0)
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("no model snapshot from Redis: %s", exc)
+            return None
+        if not isinstance(data, bytes) or not data:
+            return None
+        try:
+            slot = loads(data, self.key)
+        except SnapshotError as exc:
+            log.warning("ignoring the cluster's model snapshot: %s", exc)
+            return None
+        self.source = self.prefix + "latest"
+        return slot
+
+    async def save(self, slot: ModelSlot) -> None:
+        if self.path is not None:
+            try:
+                save(slot, self.path, self.key)
+            except OSError as exc:
+                log.warning("model snapshot to %s failed: %s", self.path, exc)
+        if self.client is not None:
+            data = dumps(slot, self.key)
+            try:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    pipe.set(self.prefix + self.replica_id, data, ex=7 * 24 * 3600)
+                    pipe.set(self.prefix + "latest", data, ex=7 * 24 * 3600)
+                    await asyncio.wait_for(pipe.execute(), 2.0)
+            except (RedisError, OSError, TimeoutError) as exc:
+                log.warning("model snapshot to Redis failed: %s", exc)
+                return
+        self.saved += 1
