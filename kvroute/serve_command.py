@@ -6,9 +6,13 @@ import argparse
 import json
 import logging
 import sys
+from types import FrameType
 from typing import Any
 
+import uvicorn
+
 from router_service.settings import SettingsError, load_settings
+from router_service.state import ServiceState
 
 __all__ = ["add_parser"]
 
@@ -76,8 +80,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
     except SettingsError as exc:
         parser.error(str(exc))
-    import uvicorn
-
     from router_service.app import create_app
     from router_service.errors import ServiceError
 
@@ -87,10 +89,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(exc.message)
     logging.basicConfig(
         level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -98,6 +100,21 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         http="httptools",
         log_level=settings.log_level,
         access_log=False,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=int(settings.drain_timeout_s),
     )
+    _DrainingServer(config, app.state.kvroute).run()
     return 0
+
+
+class _DrainingServer(uvicorn.Server):
+    """On SIGTERM/SIGINT: /health turns 503 at once (balancers stop sending), uvicorn stops
+    accepting and lets requests in flight finish (up to the drain timeout), then the lifespan
+    snapshots the models and closes connections."""
+
+    def __init__(self, config: uvicorn.Config, state: ServiceState) -> None:
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.state.draining = True
+        super().handle_exit(sig, frame)

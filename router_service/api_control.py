@@ -99,6 +99,15 @@ async def add_worker(body: WorkerBody, request: Request) -> JSONResponse:
         url = normalize_worker_url(body.url)
     except ValueError as exc:
         raise ServiceError(400, f"url: {exc}", field="url") from None
+    if not state.settings.worker_allowed(url):
+        raise ServiceError(
+            403,
+            f"url: {url} is not on the worker allow-list; allow its network with "
+            "--allowed-worker-networks (KVROUTE_ALLOWED_WORKER_NETWORKS) or its host name "
+            "with --allowed-worker-hosts",
+            field="url",
+            error_type="forbidden",
+        )
     if url in state.pool:
         raise ServiceError(
             409, f"worker {url} is already registered", field="url", error_type="conflict"

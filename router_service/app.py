@@ -23,10 +23,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from kvroute import __version__
+from router_service.admission import Admission
 from router_service.api_control import build_policy, forget_worker
 from router_service.api_control import router as control_router
 from router_service.api_data import data_plane_routes
 from router_service.api_data import router as data_router
+from router_service.breaker import BreakerSettings
 from router_service.decisions import DecisionLog
 from router_service.errors import ServiceError, error_response
 from router_service.index_sync import IndexSync
@@ -56,6 +58,14 @@ def _build_state(settings: Settings) -> ServiceState:
             timeout_s=settings.health_timeout_s,
             unhealthy_after=settings.unhealthy_after_failures,
             healthy_after=settings.healthy_after_successes,
+            breaker=BreakerSettings(
+                failure_threshold=settings.breaker_failures,
+                success_threshold=settings.breaker_successes,
+                open_s=settings.breaker_open_s,
+            ),
+        ),
+        admission=Admission(
+            settings.max_in_flight, settings.rate_limit_rps, settings.rate_limit_burst
         ),
         store=make_store(settings.redis_url, settings.cluster, settings.redis_timeout_ms),
         decisions=DecisionLog(settings.explain_buffer),
@@ -140,6 +150,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = state.settings
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
     state.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    await state.store.start()
     await _restore_models(state)
     await asyncio.wait_for(state.pool.check_all(), settings.health_timeout_s + 1.0)
 

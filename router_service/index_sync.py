@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +58,9 @@ class IndexSync:
         self.client = client
         self.stream = f"kvroute:{cluster}:index"
         self.replica_id = replica_id
+        # Events are tagged with this process's own origin, not just the replica id: a replica
+        # restarted under the same id must replay what its previous life published.
+        self.origin = f"{replica_id}/{secrets.token_hex(4)}"
         self.router = router
         self.on_worker_added = on_worker_added
         self.on_worker_removed = on_worker_removed
@@ -79,7 +83,7 @@ class IndexSync:
         if index_key:
             self._put(
                 {
-                    "r": self.replica_id,
+                    "r": self.origin,
                     "o": "i",
                     "w": worker,
                     "d": key_to_digests(index_key),
@@ -90,7 +94,7 @@ class IndexSync:
     def publish_worker(self, worker: str, added: bool) -> None:
         self._put(
             {
-                "r": self.replica_id,
+                "r": self.origin,
                 "o": "a" if added else "x",
                 "w": worker,
                 "t": repr(time.time() * 1000.0),
@@ -148,8 +152,8 @@ class IndexSync:
                     self._apply(fields)
 
     def _apply(self, fields: dict[bytes, bytes]) -> None:
-        if fields.get(b"r", b"").decode() == self.replica_id:
-            return  # our own event: applied when we routed
+        if fields.get(b"r", b"").decode() == self.origin:
+            return  # this process's own event: applied when it routed
         op, worker = fields.get(b"o", b""), fields.get(b"w", b"").decode()
         ts_ms = float(fields.get(b"t", b"0"))
         if op == b"i":

@@ -45,6 +45,8 @@ class LoadStore(Protocol):
     @property
     def mode(self) -> str: ...
 
+    async def start(self) -> None: ...
+
     async def read_many(self, workers: list[str]) -> dict[str, float]: ...
 
     async def reserve(self, worker: str, inc_ms: float) -> StoreReservation: ...
@@ -69,6 +71,9 @@ class EmbeddedStore:
 
     def __init__(self) -> None:
         self._store = EmbeddedLoadStore()
+
+    async def start(self) -> None:
+        pass
 
     async def read_many(self, workers: list[str]) -> dict[str, float]:
         return self._store.read_many(workers, _now_ms())
@@ -152,6 +157,13 @@ class RedisStore:
     def key(self, worker: str) -> str:
         return self.prefix + worker
 
+    async def start(self) -> None:
+        """Connect and load the scripts now: a cold first call (connection handshake, then
+        NOSCRIPT and a script load) takes tens of ms, past the per-operation timeout."""
+        await self.client.ping()
+        for script in (self._read, self._reserve, self._release):
+            await self.client.script_load(script.script)
+
     async def read_many(self, workers: list[str]) -> dict[str, float]:
         if not workers:
             return {}
@@ -195,6 +207,14 @@ class FallbackStore:
     def mode(self) -> str:
         return "embedded-fallback" if self.degraded else "redis"
 
+    async def start(self) -> None:
+        """Warm the Redis connection before serving, with more time than one operation gets;
+        if Redis does not answer, start degraded and keep reconnecting."""
+        try:
+            await asyncio.wait_for(self.redis.start(), max(self.timeout_s, 2.0))
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._degrade(exc)
+
     async def _call(self, op: str, *args: Any) -> Any:
         if not self.degraded:
             try:
@@ -220,7 +240,8 @@ class FallbackStore:
         while self.degraded:
             await asyncio.sleep(delay)
             try:
-                await asyncio.wait_for(self.redis.client.ping(), max(self.timeout_s, 0.5))
+                # A restarted Redis has lost the scripts: reload them before traffic returns.
+                await asyncio.wait_for(self.redis.start(), max(self.timeout_s, 0.5))
             except (RedisError, OSError, TimeoutError):
                 delay = min(delay * 2, 5.0)
                 continue

@@ -1,56 +1,36 @@
-"""The data plane: route a request, forward it to the chosen worker, record the outcome.
+"""The data plane: admit, route, send with retries, relay.
 
-Bodies pass through unchanged (the router parses only what it routes on); streaming (SSE)
-responses are relayed chunk by chunk as they arrive. Every path releases the load
-reservation and closes the decision exactly once: success, worker error, client disconnect.
+A request that fails before any byte reached the client (connection refused or reset, a
+timeout waiting for the answer, a 502/503/504 from the worker) is retried on *another*
+worker with exponential backoff and jitter (sglang-router/SMG's shape: 50 ms x 1.5, jitter
+0.2), bounded by ``retry_max_attempts`` and ``retry_deadline_s``; each attempt is its own
+decision (its load reservation released, its outcome recorded in ``/explain``). A stream
+that breaks after it started is never retried: it ends with an SSE error event (relay.py).
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
+import random
 import time
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from router_service.errors import ServiceError
-from router_service.load_store import StoreReservation
+from router_service.relay import SKIP_REQUEST_HEADERS, Flight, relay
 from router_service.request_parsing import ParsedRequest, load_json, parse_body
-from router_service.routing import Decision, NoEligibleWorker, Outcome
+from router_service.routing import Decision, NoEligibleWorker, RouteRequest, WorkerStatus
 from router_service.state import ServiceState
 
 __all__ = ["forward", "read_body", "route_only"]
 
 log = logging.getLogger("kvroute.proxy")
 
-# Hop-by-hop and framing headers are the proxy's own business on each side.
-_SKIP_REQUEST = {
-    "host",
-    "content-length",
-    "connection",
-    "keep-alive",
-    "transfer-encoding",
-    "te",
-    "upgrade",
-    "proxy-authorization",
-    "proxy-connection",
-    "accept-encoding",
-}
-_SKIP_RESPONSE = {
-    "content-length",
-    "connection",
-    "keep-alive",
-    "transfer-encoding",
-    "content-encoding",
-    "server",
-    "date",
-}
+_RETRY_STATUSES = frozenset({502, 503, 504})
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -80,52 +60,6 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-@dataclass
-class _Flight:
-    """One routed request on its way: closes its decision exactly once."""
-
-    state: ServiceState
-    parsed: ParsedRequest
-    decision: Decision
-    reservation: StoreReservation | None
-    started: float = field(default_factory=time.perf_counter)
-    first_byte: float | None = None
-    closed: bool = False
-
-    async def close(self, ok: bool, status: str) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        state, decision = self.state, self.decision
-        now = time.perf_counter()
-        latency_ms = (now - self.started) * 1000.0
-        ttft_ms = (self.first_byte - self.started) * 1000.0 if self.first_byte else None
-        if self.reservation is not None:
-            try:
-                await state.store.release(self.reservation)
-            except Exception:  # a release failure must not lose the response
-                log.exception("load release failed for %s", decision.chosen)
-        learned = state.router.complete(
-            decision, Outcome(ok, latency_ms if ok else None, ttft_ms, status)
-        )
-        outcome: dict[str, Any] = {
-            "status": status,
-            "latency_ms": round(latency_ms, 3),
-            "ttft_ms": round(ttft_ms, 3) if ttft_ms is not None else None,
-            "residual_target_ms": learned.residual_target_ms if learned else None,
-            "model_error_ms": learned.model_error_ms if learned else None,
-        }
-        state.decisions.set_outcome(decision.decision_id, outcome)
-        metrics = state.metrics
-        if metrics is not None:
-            worker = decision.chosen
-            metrics.requests.labels(worker, decision.policy, status).inc()
-            if ok:
-                metrics.latency_seconds.labels(worker).observe(latency_ms / 1000.0)
-                if ttft_ms is not None:
-                    metrics.ttft_seconds.labels(worker).observe(ttft_ms / 1000.0)
-
-
 def route_only(state: ServiceState, parsed: ParsedRequest, statuses: list[Any]) -> Decision:
     """Decide (no side effects); 503 when no worker can take the request."""
     try:
@@ -139,11 +73,122 @@ def route_only(state: ServiceState, parsed: ParsedRequest, statuses: list[Any]) 
         ) from None
 
 
+class _Retryable(Exception):
+    """This attempt failed before the client saw anything: another worker may succeed."""
+
+    def __init__(self, error: ServiceError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
 async def forward(state: ServiceState, request: Request, kind: str, path: str) -> Response:
-    """Route one data-plane request and relay the worker's answer."""
-    raw = await read_body(request, state.settings.max_body_bytes)
-    parsed = parse_body(load_json(raw), kind, state.new_request_id())
+    """Admit, then route and send until an attempt answers or the retry budget is spent.
+
+    The admission slot is held until the response is complete: for a stream, until its
+    last chunk (the final attempt's ``Flight`` frees it when it closes).
+    """
+    release = state.admission.acquire()
+    try:
+        raw = await read_body(request, state.settings.max_body_bytes)
+        parsed = parse_body(load_json(raw), kind, state.new_request_id())
+        if state.settings.log_prompts:  # off by default: prompts are user data
+            log.info("request %s %s: %r", parsed.route.request_id, kind, parsed.route.key[:2000])
+        response, flight = await _with_retries(state, request, parsed, path, raw)
+    except BaseException:
+        release()
+        raise
+    if flight.closed:
+        release()
+    else:
+        flight.on_close = release
+    return response
+
+
+async def _with_retries(
+    state: ServiceState, request: Request, parsed: ParsedRequest, path: str, raw: bytes
+) -> tuple[Response, Flight]:
+    settings = state.settings
+    deadline = time.monotonic() + settings.retry_deadline_s
+    failed: dict[str, str] = {}
+    last: ServiceError | None = None
+    for attempt in range(1, settings.retry_max_attempts + 1):
+        try:
+            return await _attempt(state, request, parsed, path, raw, attempt, failed)
+        except _Retryable as exc:
+            last = exc.error
+            if attempt == settings.retry_max_attempts or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(_backoff_s(settings.retry_backoff_ms, attempt))
+        except ServiceError as exc:
+            if last is not None and exc.error_type == "no_healthy_worker":
+                break  # no other worker to try: the client gets the failure itself
+            raise
+    assert last is not None  # retry_max_attempts >= 1
+    if len(failed) > 1:
+        last.message += f" (tried {len(failed)} workers: {', '.join(failed)})"
+    raise last
+
+
+def _backoff_s(base_ms: float, attempt: int) -> float:
+    delay = base_ms * 1.5 ** (attempt - 1) / 1000.0
+    return delay * random.uniform(0.8, 1.2)
+
+
+async def _attempt(
+    state: ServiceState,
+    request: Request,
+    parsed: ParsedRequest,
+    path: str,
+    raw: bytes,
+    attempt: int,
+    failed: dict[str, str],
+) -> tuple[Response, Flight]:
     statuses = await state.worker_statuses()
+    if failed:  # never the same worker twice for one request
+        statuses = [
+            WorkerStatus(s.url, False, f"failed this request: {failed[s.url]}", s.queue_ms)
+            if s.url in failed
+            else s
+            for s in statuses
+        ]
+        route = RouteRequest(
+            f"{parsed.route.request_id}-{attempt}",
+            parsed.route.key,
+            parsed.route.prompt_tokens,
+            parsed.route.max_new_tokens,
+        )
+        parsed = ParsedRequest(parsed.kind, route, parsed.stream, parsed.body)
+    flight = await _commit(state, parsed, statuses, attempt)
+    decision = flight.decision
+    headers = {"X-KVRoute-Decision-Id": decision.decision_id, "X-KVRoute-Worker": decision.chosen}
+    try:
+        upstream = await _send(state, request, decision.chosen, path, raw)
+    except ServiceError as exc:
+        await flight.close(False, exc.error_type, worker_fault=True)
+        failed[decision.chosen] = exc.error_type
+        exc.headers.update(headers)
+        raise _Retryable(exc) from None
+    except BaseException:
+        await flight.close(False, "cancelled")
+        raise
+    if upstream.status in _RETRY_STATUSES:
+        body = await _drain(upstream)
+        await flight.close(False, f"http_{upstream.status}", worker_fault=True)
+        failed[decision.chosen] = f"http_{upstream.status}"
+        error = ServiceError(
+            upstream.status,
+            f"worker {decision.chosen} answered {upstream.status}: {body[:200]!r}",
+            error_type="upstream_unavailable",
+            headers=headers,
+        )
+        raise _Retryable(error)
+    return await relay(flight, upstream, headers), flight
+
+
+async def _commit(
+    state: ServiceState, parsed: ParsedRequest, statuses: list[WorkerStatus], attempt: int
+) -> Flight:
+    """Decide, commit, publish, reserve, record: the attempt is on its way."""
     started = time.perf_counter()
     decision = route_only(state, parsed, statuses)
     now_ms = state.now_ms()
@@ -157,22 +202,21 @@ async def forward(state: ServiceState, request: Request, kind: str, path: str) -
         state.metrics.decision_seconds.labels(decision.policy).observe(
             time.perf_counter() - started
         )
+    state.pool.on_send(decision.chosen)
     reservation = None
     if decision.reserve_ms is not None:
         reservation = await state.store.reserve(decision.chosen, decision.reserve_ms)
-    state.decisions.add(decision, replica_id=state.replica_id)
-    flight = _Flight(state, parsed, decision, reservation, started=started)
-    headers = {"X-KVRoute-Decision-Id": decision.decision_id, "X-KVRoute-Worker": decision.chosen}
+    state.decisions.add(decision, replica_id=state.replica_id, attempt=attempt)
+    return Flight(state, parsed, decision, reservation, started=started)
+
+
+async def _drain(upstream: aiohttp.ClientResponse) -> bytes:
     try:
-        upstream = await _send(state, request, decision.chosen, path, raw)
-    except ServiceError as exc:
-        await flight.close(False, exc.error_type)
-        exc.headers.update(headers)
-        raise
-    except BaseException:
-        await flight.close(False, "cancelled")
-        raise
-    return await _relay(flight, upstream, headers)
+        return await upstream.read()
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return b""
+    finally:
+        upstream.release()
 
 
 def _count_units(state: ServiceState, decision: Decision, parsed: ParsedRequest) -> None:
@@ -193,82 +237,27 @@ def _count_units(state: ServiceState, decision: Decision, parsed: ParsedRequest)
 async def _send(
     state: ServiceState, request: Request, worker: str, path: str, raw: bytes
 ) -> aiohttp.ClientResponse:
+    """POST to the worker; returns once its status and headers arrived (the first byte)."""
     settings = state.settings
     url = worker + path
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in _SKIP_REQUEST}
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in SKIP_REQUEST_HEADERS}
     timeout = aiohttp.ClientTimeout(
         total=settings.request_timeout_s, sock_connect=settings.connect_timeout_s
     )
     try:
-        return await state.http().post(url, data=raw, headers=headers, timeout=timeout)
+        return await asyncio.wait_for(
+            state.http().post(url, data=raw, headers=headers, timeout=timeout),
+            settings.first_byte_timeout_s,
+        )
     except TimeoutError:
         raise ServiceError(
-            504, f"worker {url} did not answer within the timeout", error_type="upstream_timeout"
+            504, f"worker {worker} did not answer within the timeout", error_type="upstream_timeout"
         ) from None
     except (aiohttp.ClientError, OSError) as exc:
-        state.pool.record_failure(worker, f"connection failed: {type(exc).__name__}")
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            state.pool.record_failure(worker, f"connection failed: {type(exc).__name__}")
         raise ServiceError(
             502,
-            f"worker {url} is unreachable: {type(exc).__name__}: {exc}",
+            f"worker {worker} is unreachable: {type(exc).__name__}: {exc}",
             error_type="upstream_unavailable",
         ) from None
-
-
-async def _relay(
-    flight: _Flight, upstream: aiohttp.ClientResponse, headers: dict[str, str]
-) -> Response:
-    out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _SKIP_RESPONSE}
-    out_headers.update(headers)
-    media_type = upstream.headers.get("content-type")
-    ok = upstream.status < 400
-    status = "ok" if ok else f"http_{upstream.status}"
-    if not (flight.parsed.stream and ok):
-        try:
-            body = await upstream.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            upstream.release()
-            await flight.close(False, "upstream_broken")
-            raise ServiceError(
-                502,
-                f"worker {flight.decision.chosen} broke off: {exc}",
-                error_type="upstream_unavailable",
-            ) from None
-        upstream.release()
-        flight.first_byte = flight.first_byte or time.perf_counter()
-        await flight.close(ok, status)
-        return Response(
-            body, status_code=upstream.status, headers=out_headers, media_type=media_type
-        )
-    chunks = _stream(flight, upstream)
-
-    async def finish() -> None:
-        await chunks.aclose()
-        upstream.release()
-        await flight.close(False, "client_disconnected")  # no-op when the stream completed
-
-    return StreamingResponse(
-        chunks,
-        status_code=upstream.status,
-        headers=out_headers,
-        media_type=media_type,
-        background=BackgroundTask(finish),
-    )
-
-
-async def _stream(flight: _Flight, upstream: aiohttp.ClientResponse) -> AsyncGenerator[bytes]:
-    completed = False
-    try:
-        async for chunk in upstream.content.iter_any():
-            if flight.first_byte is None:
-                flight.first_byte = time.perf_counter()
-            yield chunk
-        completed = True
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        # Bytes already reached the client: end the stream with an SSE error event.
-        message = f"worker {flight.decision.chosen} broke off mid-stream: {type(exc).__name__}"
-        event = {"error": {"message": message, "type": "upstream_broken"}}
-        yield f"data: {json.dumps(event)}\n\n".encode()
-        await flight.close(False, "upstream_broken")
-    finally:
-        if completed:
-            await flight.close(True, "ok")

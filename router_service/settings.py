@@ -7,6 +7,7 @@ the YAML file given with ``--config`` / ``KVROUTE_CONFIG``, then the defaults be
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -58,12 +59,32 @@ class Settings(BaseSettings):
     unhealthy_after_failures: int = Field(2, ge=1)
     healthy_after_successes: int = Field(1, ge=1)
     connect_timeout_s: float = Field(5.0, gt=0)
+    first_byte_timeout_s: float = Field(600.0, gt=0)  # until the worker's status line
     request_timeout_s: float = Field(600.0, gt=0)
+    retry_max_attempts: int = Field(3, ge=1, le=10)
+    retry_backoff_ms: float = Field(50.0, ge=0)
+    retry_deadline_s: float = Field(30.0, gt=0)
+    breaker_failures: int = Field(10, ge=1)
+    breaker_successes: int = Field(3, ge=1)
+    breaker_open_s: float = Field(10.0, gt=0)
+    max_in_flight: int = Field(0, ge=0)  # 0: no cap
+    rate_limit_rps: float = Field(0.0, ge=0)  # 0: no limit
+    rate_limit_burst: int = Field(0, ge=0)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     explain_buffer: int = Field(10_000, ge=1)
     model_snapshot_path: Path | None = None
     model_snapshot_interval_s: float = Field(60.0, gt=0)
-    log_prompts: bool = False
+    drain_timeout_s: float = Field(30.0, ge=0)  # SIGTERM: let requests in flight finish
+    log_prompts: bool = False  # prompt text never reaches the logs unless this is set
+    # POST /workers only accepts workers on these networks (IP literals) or these host names,
+    # so the control plane cannot be used to make the router reach arbitrary hosts. The hosts
+    # of --worker-urls are always allowed.
+    allowed_worker_networks: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["127.0.0.0/8", "::1/128"]
+    )
+    allowed_worker_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["localhost"]
+    )
     log_level: str = "info"
 
     @field_validator("worker_urls", mode="before")
@@ -72,6 +93,37 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [u for u in value.replace(",", " ").split() if u]
         return value
+
+    @field_validator("allowed_worker_networks", "allowed_worker_hosts", mode="before")
+    @classmethod
+    def _split_lists(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [u for u in value.replace(",", " ").split() if u]
+        return value
+
+    @field_validator("allowed_worker_networks")
+    @classmethod
+    def _check_networks(cls, value: list[str]) -> list[str]:
+        for net in value:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"not a network: {net!r} (use CIDR, e.g. 10.0.0.0/8)") from None
+        return value
+
+    def worker_allowed(self, url: str) -> bool:
+        """Whether POST /workers may register ``url`` (a normalized worker URL)."""
+        host = (urlsplit(url).hostname or "").lower()
+        configured = {(urlsplit(u).hostname or "").lower() for u in self.worker_urls}
+        if host in configured or host in {h.lower() for h in self.allowed_worker_hosts}:
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False  # a name not allowed by name: never resolved (no DNS rebinding)
+        return any(
+            address in ipaddress.ip_network(n, strict=False) for n in self.allowed_worker_networks
+        )
 
     @field_validator("worker_urls")
     @classmethod

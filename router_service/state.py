@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 
 from models import ModelSlot
+from router_service.admission import Admission
 from router_service.decisions import DecisionLog
 from router_service.index_sync import IndexSync
 from router_service.load_store import LoadStore
@@ -38,6 +39,7 @@ class ServiceState:
     last_queue_ms: dict[str, float] = field(default_factory=dict)
     prompt_units: dict[str, int] = field(default_factory=dict)
     cached_units: dict[str, int] = field(default_factory=dict)
+    admission: Admission = field(default_factory=Admission)
     index_sync: IndexSync | None = None
     snapshots: ModelSnapshots = field(
         default_factory=lambda: ModelSnapshots(None, None, "default", "", None)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from router_service.breaker import BreakerSettings, CircuitBreaker
 from router_service.routing import WorkerStatus
 
 __all__ = ["WorkerPool", "WorkerState"]
@@ -32,6 +33,7 @@ class WorkerState:
     successes: int = 0
     last_check_s: float | None = None
     added_s: float = field(default_factory=time.time)
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -40,6 +42,8 @@ class WorkerState:
             "reason": self.reason,
             "consecutive_failures": self.failures,
             "last_check_s": self.last_check_s,
+            "circuit": self.breaker.state,
+            "circuit_opens": self.breaker.opens,
         }
 
 
@@ -53,8 +57,10 @@ class WorkerPool:
         timeout_s: float = 2.0,
         unhealthy_after: int = 2,
         healthy_after: int = 1,
+        breaker: BreakerSettings | None = None,
     ) -> None:
         self._session = session
+        self.breaker_settings = breaker or BreakerSettings()
         self.timeout_s = timeout_s
         self.unhealthy_after = unhealthy_after
         self.healthy_after = healthy_after
@@ -69,17 +75,39 @@ class WorkerPool:
     def add(self, url: str) -> WorkerState:
         if url in self.workers:
             raise KeyError(url)
-        state = self.workers[url] = WorkerState(url)
+        state = self.workers[url] = WorkerState(url, breaker=CircuitBreaker(self.breaker_settings))
         return state
 
     def remove(self, url: str) -> None:
         del self.workers[url]
 
     def statuses(self, queue_ms: dict[str, float]) -> list[WorkerStatus]:
-        return [
-            WorkerStatus(s.url, s.healthy, s.reason, queue_ms.get(s.url, 0.0))
-            for s in self.workers.values()
-        ]
+        """Eligible = healthy by /health and not cut off by its circuit breaker."""
+        out = []
+        for s in self.workers.values():
+            if s.healthy and not s.breaker.allows():
+                out.append(WorkerStatus(s.url, False, s.breaker.reason(), queue_ms.get(s.url, 0.0)))
+            else:
+                out.append(WorkerStatus(s.url, s.healthy, s.reason, queue_ms.get(s.url, 0.0)))
+        return out
+
+    def on_send(self, url: str) -> None:
+        state = self.workers.get(url)
+        if state is not None:
+            state.breaker.on_send()
+
+    def record_request(self, url: str, *, ok: bool, reason: str = "") -> None:
+        """Passive outlier detection: the data plane reports each attempt's fate."""
+        state = self.workers.get(url)
+        if state is None:
+            return
+        if ok:
+            state.breaker.record_success()
+            return
+        before = state.breaker.state
+        state.breaker.record_failure()
+        if state.breaker.state == "open" and before != "open":
+            log.warning("worker %s ejected (circuit open) after failures: %s", url, reason)
 
     def healthy_urls(self) -> list[str]:
         return [s.url for s in self.workers.values() if s.healthy]

@@ -1,0 +1,172 @@
+"""One attempt on its way: relay the worker's answer and close the decision exactly once.
+
+Bodies pass through unchanged; streaming (SSE) responses are relayed chunk by chunk as they
+arrive. Every path releases the load reservation, completes the decision (the policy learns
+from successes), records the outcome for ``/explain`` and reports success or failure to the
+worker's circuit breaker: success, worker error, broken stream, client disconnect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from starlette.background import BackgroundTask
+from starlette.responses import Response, StreamingResponse
+
+from router_service.errors import ServiceError
+from router_service.load_store import StoreReservation
+from router_service.request_parsing import ParsedRequest
+from router_service.routing import Decision, Outcome
+from router_service.state import ServiceState
+
+__all__ = ["SKIP_REQUEST_HEADERS", "Flight", "relay"]
+
+log = logging.getLogger("kvroute.proxy")
+
+# Hop-by-hop and framing headers are the proxy's own business on each side.
+SKIP_REQUEST_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-connection",
+        "accept-encoding",
+    }
+)
+_SKIP_RESPONSE = frozenset(
+    {
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-encoding",
+        "server",
+        "date",
+    }
+)
+
+
+@dataclass
+class Flight:
+    """One routed attempt: closes its decision exactly once."""
+
+    state: ServiceState
+    parsed: ParsedRequest
+    decision: Decision
+    reservation: StoreReservation | None
+    started: float = field(default_factory=time.perf_counter)
+    first_byte: float | None = None
+    closed: bool = False
+    on_close: Callable[[], None] | None = None  # e.g. free the request's admission slot
+
+    async def close(self, ok: bool, status: str, *, worker_fault: bool = False) -> None:
+        """Release, learn, record. ``worker_fault`` counts against the worker's breaker."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.on_close is not None:
+            self.on_close()
+        state, decision = self.state, self.decision
+        latency_ms = (time.perf_counter() - self.started) * 1000.0
+        ttft_ms = (self.first_byte - self.started) * 1000.0 if self.first_byte else None
+        if ok:
+            state.pool.record_request(decision.chosen, ok=True)
+        elif worker_fault:
+            state.pool.record_request(decision.chosen, ok=False, reason=status)
+        if self.reservation is not None:
+            try:
+                await state.store.release(self.reservation)
+            except Exception:  # a release failure must not lose the response
+                log.exception("load release failed for %s", decision.chosen)
+        learned = state.router.complete(
+            decision, Outcome(ok, latency_ms if ok else None, ttft_ms, status)
+        )
+        outcome: dict[str, Any] = {
+            "status": status,
+            "latency_ms": round(latency_ms, 3),
+            "ttft_ms": round(ttft_ms, 3) if ttft_ms is not None else None,
+            "residual_target_ms": learned.residual_target_ms if learned else None,
+            "model_error_ms": learned.model_error_ms if learned else None,
+        }
+        state.decisions.set_outcome(decision.decision_id, outcome)
+        metrics = state.metrics
+        if metrics is not None:
+            worker = decision.chosen
+            metrics.requests.labels(worker, decision.policy, status).inc()
+            if ok:
+                metrics.latency_seconds.labels(worker).observe(latency_ms / 1000.0)
+                if ttft_ms is not None:
+                    metrics.ttft_seconds.labels(worker).observe(ttft_ms / 1000.0)
+
+
+async def relay(
+    flight: Flight, upstream: aiohttp.ClientResponse, headers: dict[str, str]
+) -> Response:
+    """The client's response: the whole body, or a stream of the worker's chunks."""
+    out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _SKIP_RESPONSE}
+    out_headers.update(headers)
+    media_type = upstream.headers.get("content-type")
+    ok = upstream.status < 400
+    status = "ok" if ok else f"http_{upstream.status}"
+    if not (flight.parsed.stream and ok):
+        try:
+            body = await upstream.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            upstream.release()
+            await flight.close(False, "upstream_broken", worker_fault=True)
+            raise ServiceError(
+                502,
+                f"worker {flight.decision.chosen} broke off: {exc}",
+                error_type="upstream_unavailable",
+            ) from None
+        upstream.release()
+        flight.first_byte = flight.first_byte or time.perf_counter()
+        await flight.close(ok, status, worker_fault=upstream.status >= 500)
+        return Response(
+            body, status_code=upstream.status, headers=out_headers, media_type=media_type
+        )
+    chunks = _stream(flight, upstream)
+
+    async def finish() -> None:
+        await chunks.aclose()
+        upstream.release()
+        await flight.close(False, "client_disconnected")  # no-op when the stream completed
+
+    return StreamingResponse(
+        chunks,
+        status_code=upstream.status,
+        headers=out_headers,
+        media_type=media_type,
+        background=BackgroundTask(finish),
+    )
+
+
+async def _stream(flight: Flight, upstream: aiohttp.ClientResponse) -> AsyncGenerator[bytes]:
+    completed = False
+    try:
+        async for chunk in upstream.content.iter_any():
+            if flight.first_byte is None:
+                flight.first_byte = time.perf_counter()
+            yield chunk
+        completed = True
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        # Bytes already reached the client, so no retry: end the stream with an SSE error
+        # event the client can see (and no [DONE]: the answer is incomplete).
+        message = f"worker {flight.decision.chosen} broke off mid-stream: {type(exc).__name__}"
+        event = {"error": {"message": message, "type": "upstream_broken", "code": 502}}
+        yield f"data: {json.dumps(event)}\n\n".encode()
+        await flight.close(False, "upstream_broken", worker_fault=True)
+    finally:
+        if completed:
+            await flight.close(True, "ok")
