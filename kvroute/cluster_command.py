@@ -64,12 +64,12 @@ def _explain_sample(router_url: str, prompt_ids: list[int]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from engine_ext.cache.keys import key_to_ids
-    from kvroute.sim_command import build_workload
+    from kvroute.sim_command import load_workload
     from sim.loadgen import BenchConfig, benchmark
     from sim.local_cluster import LocalCluster
     from sim.report import markdown_table
 
-    workload = list(build_workload(args))
+    workload = list(load_workload(args, parser))
     rows: list[dict[str, Any]] = []
     explain: dict[str, Any] = {}
     with LocalCluster(

@@ -110,7 +110,19 @@ async def run_bench(
     config: BenchConfig,
     on_done: Callable[[RequestResult], None] | None = None,
 ) -> list[RequestResult]:
-    """Send every request at its (scaled) arrival time; returns results in workload order."""
+    """Send every request at its (scaled) arrival time; returns results in workload order.
+
+    A request with ``after`` (a closed-loop client's next turn) is sent at its arrival time or
+    when the named request has completed, whichever is later, as ``sim.cluster`` does.
+    """
+    answered: dict[str, asyncio.Event] = {}
+    for item in workload:
+        if item.after is not None and item.after not in answered:
+            raise ValueError(
+                f"request {item.rid!r} waits for {item.after!r}, which does not come earlier "
+                "in the workload"
+            )
+        answered[item.rid] = asyncio.Event()
     # One connection per request, as SGLang's bench_serving (a session per request). On a
     # kept-alive connection sglang-router 0.3.2 holds a stream's first chunk ~40 ms (Nagle
     # against our delayed ACK: its server socket has no TCP_NODELAY), which time_scale
@@ -120,10 +132,15 @@ async def run_bench(
         t0 = time.perf_counter()
 
         async def fire(item: WorkloadRequest) -> RequestResult:
+            if item.after is not None:
+                await answered[item.after].wait()
             delay = item.arrival_ms / 1000.0 / config.time_scale - (time.perf_counter() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)
-            result = await _one(session, item, config, t0)
+            try:
+                result = await _one(session, item, config, t0)
+            finally:
+                answered[item.rid].set()
             if on_done is not None:
                 on_done(result)
             return result

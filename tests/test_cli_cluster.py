@@ -1,0 +1,107 @@
+"""``kvroute cluster``: workers, router, traffic and a table in one command; nothing left over."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from urllib.parse import urlsplit
+
+import pytest
+
+from kvroute.cli import main
+
+DESIGN_7_KEYS = {
+    "policy",
+    "eviction",
+    "workers",
+    "requests",
+    "completed",
+    "failed",
+    "hit_rate",
+    "p50_latency_s",
+    "p95_latency_s",
+    "p50_ttft_s",
+    "p95_ttft_s",
+    "throughput_rps",
+    "per_worker",
+}
+
+
+def children() -> set[int]:
+    """Live child processes of this process (from /proc)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            found.add(int(entry))
+    return found
+
+
+def refuses_connections(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname, parts.port), timeout=1):
+            return False
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="counts child processes through /proc")
+def test_cluster_prints_the_table_and_json_and_stops_every_process(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    before = children()
+    code = main(
+        [
+            "cluster",
+            "--workers",
+            "2",
+            "--policy",
+            "lbgr",
+            "--eviction",
+            "lru",
+            "--gsp-groups",
+            "3",
+            "--gsp-prompts-per-group",
+            "4",
+            "--gsp-lens",
+            "128,256",
+            "--rate",
+            "10",
+            "--time-scale",
+            "5",
+            "--json",
+        ]
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out[0].startswith("| policy | eviction | hit rate | p50 lat (s) |")
+    assert out[2].startswith("| lbgr | lru | ")
+    rows = json.loads(out[-1])["rows"]
+    assert len(rows) == 1
+    row = rows[0]
+    assert set(row) >= DESIGN_7_KEYS
+    assert (row["policy"], row["eviction"], row["workers"]) == ("lbgr", "lru", 2)
+    assert (row["requests"], row["completed"], row["failed"]) == (12, 12, 0)
+    assert 0.0 < row["hit_rate"] < 1.0  # groups share prefixes; lbgr follows them
+    assert row["p50_latency_s"] > 0
+    urls = [w["worker"] for w in row["per_worker"]]
+    assert sum(w["requests"] for w in row["per_worker"]) == 12
+
+    # The /explain sample sits between its heading and the JSON line.
+    start = next(i for i, line in enumerate(out) if line.startswith("/explain for the first"))
+    explain = json.loads("\n".join(out[start + 1 : -1]))
+    assert explain["policy"] == "lbgr"
+    assert explain["chosen"] in urls
+    assert sorted(c["worker"] for c in explain["candidates"]) == sorted(urls)
+
+    assert children() == before, "kvroute cluster left child processes running"
+    assert all(refuses_connections(url) for url in urls)
