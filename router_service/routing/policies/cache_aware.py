@@ -3,7 +3,9 @@
 If the fleet is imbalanced (``max_load - min_load > balance_abs_threshold`` and
 ``max_load > balance_rel_threshold * min_load``, load = requests in flight) the least loaded
 worker wins. Otherwise, with ``match_rate = matched / total``, the worker owning the deepest
-match wins if ``match_rate > cache_threshold``, else the worker with the smallest tree.
+match wins if ``match_rate > cache_threshold``; else, in the paper's SGLang 0.4.6 router, the
+worker with the smallest tree, and in today's sglang-router (0.3.x) the least loaded worker
+(observed against 0.3.2 running on emulated workers, and so documented by its successor SMG).
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ class CacheAwareSettings:
     balance_abs_threshold: int
     balance_rel_threshold: float
     index: IndexSettings
+    low_match: str  # "least_load" (sglang-router 0.3.x) or "smallest_tree" (0.4.6)
 
 
 CACHE_AWARE_PRESETS = {
     # sglang-router 0.3.x CLI defaults.
-    "sglang": CacheAwareSettings(0.3, 64, 1.5, SGLANG_INDEX),
+    "sglang": CacheAwareSettings(0.3, 64, 1.5, SGLANG_INDEX, "least_load"),
     # The paper's baseline: sgl-router of SGLang 0.4.6 (launch_router.py RouterArgs defaults).
-    "paper": CacheAwareSettings(0.5, 32, 1.0001, PAPER_INDEX),
+    "paper": CacheAwareSettings(0.5, 32, 1.0001, PAPER_INDEX, "smallest_tree"),
 }
 
 
@@ -87,6 +90,7 @@ class CacheAwarePolicy:
         if not 0.0 <= self.cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1], got {self.cache_threshold}")
         self.index_settings = base.index
+        self.low_match = base.low_match
 
     def decide(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> Decision:
         pool = eligible(workers)
@@ -103,6 +107,8 @@ class CacheAwarePolicy:
             if rate > self.cache_threshold:
                 chosen = next(w for w in pool if w.cached == matched)
                 branch = "cache"
+            elif self.low_match == "least_load":
+                chosen, branch = pool[loads.index(min_load)], "least_load"
             else:
                 smallest = min(w.index_units for w in pool)
                 chosen = next(w for w in pool if w.index_units == smallest)

@@ -218,7 +218,7 @@ def test_cache_aware_balance_branch(
     ("preset", "matched", "branch"),
     [
         ("sglang", 31, "cache"),
-        ("sglang", 30, "smallest_tree"),  # 30/100 == 0.3 is not > 0.3
+        ("sglang", 30, "least_load"),  # 30/100 == 0.3 is not > 0.3; 0.3.x: least loaded
         ("paper", 51, "cache"),
         ("paper", 50, "smallest_tree"),  # 50/100 == 0.5 is not > 0.5
         ("paper", 0, "smallest_tree"),
@@ -232,6 +232,7 @@ def test_cache_aware_match_rate_threshold(preset: str, matched: int, branch: str
     ]
     decision = cache_aware(preset).decide(request(100), workers)
     assert decision.branch == branch
+    # Equal loads: least_load keeps the first worker, which is also the smallest tree.
     assert decision.chosen == ("deep" if branch == "cache" else "small")
     deep = decision.candidate("deep")
     assert (deep.cached, deep.uncached) == (matched, 100 - matched)
@@ -242,25 +243,30 @@ def test_cache_aware_ties_keep_the_first_worker() -> None:
     tie_cache = [worker("a", cached=80), worker("b", cached=80)]
     assert policy.decide(request(100), tie_cache).chosen == "a"
     tie_tree = [worker("a", index_units=7), worker("b", index_units=3), worker("c", index_units=3)]
-    assert policy.decide(request(100), tie_tree).chosen == "b"
+    assert cache_aware("paper").decide(request(100), tie_tree).chosen == "b"
+    tie_load = [worker("a", in_flight=7), worker("b", in_flight=3), worker("c", in_flight=3)]
+    assert policy.decide(request(100), tie_load).chosen == "b"
 
 
 def test_cache_aware_considers_only_healthy_workers_for_every_branch() -> None:
     policy = cache_aware("sglang")
     workers = [
         worker("sick", healthy=False, cached=100, index_units=0, in_flight=0),
-        worker("a", cached=10, index_units=50, in_flight=5),
+        worker("a", cached=10, index_units=50, in_flight=6),
         worker("b", cached=0, index_units=40, in_flight=5),
     ]
     decision = policy.decide(request(100), workers)
+    assert (decision.branch, decision.chosen) == ("least_load", "b")
+    decision = cache_aware("paper").decide(request(100), workers)
     assert (decision.branch, decision.chosen) == ("smallest_tree", "b")
 
 
-def test_cache_aware_empty_request_goes_to_the_smallest_tree() -> None:
-    decision = cache_aware("sglang").decide(
-        request(0), [worker("a", index_units=5), worker("b", index_units=1)]
-    )
+def test_cache_aware_empty_request_goes_to_the_smallest_tree_or_least_load() -> None:
+    workers = [worker("a", index_units=5, in_flight=0), worker("b", index_units=1, in_flight=2)]
+    decision = cache_aware("paper").decide(request(0), workers)
     assert (decision.branch, decision.chosen) == ("smallest_tree", "b")
+    decision = cache_aware("sglang").decide(request(0), workers)
+    assert (decision.branch, decision.chosen) == ("least_load", "a")
 
 
 def test_cache_aware_overrides_and_validation() -> None:
