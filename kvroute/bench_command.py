@@ -11,7 +11,11 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sim.workloads import WorkloadRequest
 
 __all__ = ["add_parser"]
 
@@ -55,7 +59,9 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run, command_parser=p)
 
 
-async def run_async(args: argparse.Namespace) -> dict[str, Any]:
+async def run_async(
+    args: argparse.Namespace, workload: Sequence[WorkloadRequest] | None = None
+) -> dict[str, Any]:
     from kvroute.sim_command import build_workload
     from sim.loadgen import BenchConfig, benchmark, discover, eviction_of, write_log
     from sim.report import markdown_table
@@ -66,7 +72,8 @@ async def run_async(args: argparse.Namespace) -> dict[str, Any]:
     workers = args.worker_urls or [w["url"] for w in about.get("workers", {}).get("workers", [])]
     policy = args.policy_label or about.get("policy", {}).get("name", "unknown")
     eviction = args.eviction_label or await eviction_of(workers)
-    workload = list(build_workload(args))
+    if workload is None:
+        workload = list(build_workload(args))
     config = BenchConfig(
         url=url,
         api=args.api,
@@ -109,7 +116,10 @@ async def run_async(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not args.url.startswith(("http://", "https://")):
         parser.error(f"--url must start with http:// or https://, got {args.url!r}")
-    summary = asyncio.run(run_async(args))
+    from kvroute.sim_command import load_workload
+
+    workload = list(load_workload(args, parser))
+    summary = asyncio.run(run_async(args, workload))
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(summary, fh, indent=2, sort_keys=True)

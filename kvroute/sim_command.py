@@ -15,46 +15,27 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from kvroute.workload_args import (
+    add_workload_arguments,
+    build_workload,
+    check_workload_arguments,
+    describe_workload,
+    positive_float,
+    positive_int,
+)
 from models import ModelSpecError, parse_spec
 from router_service.routing import policy_names
+from sim.ceiling import OfflineLimits
 from sim.cluster import ClusterConfig, simulate
 from sim.profiles import PROFILES
-from sim.report import markdown_table, summarize
-from sim.workloads import GSP_ORDERS, GSPConfig, GSPWorkload
+from sim.report import TABLE_COLUMNS, markdown_table, summarize
+from sim.workloads import Workload, WorkloadFileError
 
-__all__ = ["add_parser", "build_workload", "run_one"]
+__all__ = ["add_parser", "add_workload_arguments", "build_workload", "load_workload", "run_one"]
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def _lens(text: str) -> tuple[int, ...]:
-    try:
-        lens = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not lens or min(lens) < 2:
-        raise argparse.ArgumentTypeError("lengths must be integers >= 2")
-    return lens
+# The flag parsers under the names bench and cluster import them by.
+_positive_int = positive_int
+_positive_float = positive_float
 
 
 def _speeds(text: str) -> tuple[float, ...]:
@@ -80,27 +61,6 @@ def _speed_change(text: str) -> tuple[int, float, float]:
     return worker, at_s, speed
 
 
-def add_workload_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("workload")
-    g.add_argument("--workload", choices=["gsp"], default="gsp", help="workload generator")
-    g.add_argument("--order", choices=GSP_ORDERS, default="random", help="gsp arrival order")
-    g.add_argument(
-        "--rate", type=_positive_float, default=12.0, help="requests per second (Poisson)"
-    )
-    g.add_argument("--requests", type=_positive_int, default=None, help="cap on requests sent")
-    g.add_argument("--seed", type=int, default=0, help="seed of the workload and the fleet")
-    g.add_argument("--gsp-groups", type=_positive_int, default=128)
-    g.add_argument("--gsp-prompts-per-group", type=_positive_int, default=32)
-    g.add_argument("--gsp-prefix-ratio", type=float, default=0.5)
-    g.add_argument(
-        "--gsp-lens",
-        type=_lens,
-        default=(512, 1024, 2048, 4096, 8192),
-        help="total prompt lengths cycled over groups, comma-separated",
-    )
-    g.add_argument("--output-len", type=_positive_int, default=4, help="output tokens per request")
-
-
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "sim",
@@ -109,6 +69,13 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_workload_arguments(p)
+    p.add_argument(
+        "--time-scale",
+        dest="trace_time_scale",
+        type=_positive_float,
+        default=1.0,
+        help="trace/azure replay: divide the trace's timestamps by this (2 = twice the load)",
+    )
     f = p.add_argument_group("fleet and router")
     f.add_argument("--workers", type=_positive_int, default=4)
     f.add_argument(
@@ -149,6 +116,13 @@ def add_parser(sub: Any) -> None:
         default="paper",
         help="cache_aware thresholds: today's sglang-router or the paper's 0.4.6",
     )
+    f.add_argument(
+        "--cache-threshold",
+        type=float,
+        default=None,
+        metavar="X",
+        help="cache_aware: override the preset's cache_threshold (match rate needed, 0..1)",
+    )
     f.add_argument("--profile", choices=sorted(PROFILES), default="llama3.1-8b-l40")
     f.add_argument(
         "--capacity-tokens",
@@ -163,21 +137,13 @@ def add_parser(sub: Any) -> None:
         "--jobs", type=_positive_int, default=1, help="simulate combinations in parallel"
     )
     o.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.set_defaults(run=run, command_parser=p)
-
-
-def build_workload(args: argparse.Namespace) -> GSPWorkload:
-    config = GSPConfig(
-        num_groups=args.gsp_groups,
-        prompts_per_group=args.gsp_prompts_per_group,
-        prefix_ratio=args.gsp_prefix_ratio,
-        total_lens=args.gsp_lens,
-        output_len=args.output_len,
-        order=args.order,
-        rate=args.rate,
-        seed=args.seed,
+    o.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="add the offline hit-rate ceiling (unlimited capacity) and, with one worker, the "
+        "offline upper bound at the capacity (sim.ceiling)",
     )
-    return GSPWorkload(config, limit=args.requests)
+    p.set_defaults(run=run, command_parser=p)
 
 
 def cluster_config(args: argparse.Namespace, policy: str, eviction: str) -> ClusterConfig:
@@ -187,6 +153,8 @@ def cluster_config(args: argparse.Namespace, policy: str, eviction: str) -> Clus
         params["sharing"] = args.model_sharing
     elif policy == "cache_aware":
         params["preset"] = args.cache_aware_preset
+        if args.cache_threshold is not None:
+            params["cache_threshold"] = args.cache_threshold
     return ClusterConfig(
         workers=args.workers,
         policy=policy,
@@ -202,9 +170,15 @@ def cluster_config(args: argparse.Namespace, policy: str, eviction: str) -> Clus
 
 
 def run_one(
-    args: argparse.Namespace, policy: str, eviction: str, progress: bool = False
+    args: argparse.Namespace,
+    policy: str,
+    eviction: str,
+    progress: bool = False,
+    workload: Workload | None = None,
 ) -> dict[str, Any]:
-    workload = build_workload(args)
+    """Simulate one policy x eviction; the workload is built from ``args`` unless given."""
+    if workload is None:
+        workload = build_workload(args)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -224,7 +198,16 @@ def run_one(
     )
     if bar is not None:
         bar.close()
-    return summarize(run, workload=workload.name, order=args.order, rate=args.rate)
+    return summarize(run, **describe_workload(args))
+
+
+def load_workload(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Workload:
+    """Build the workload; bad flags or a missing or malformed file are usage errors (exit 2)."""
+    check_workload_arguments(args, parser)
+    try:
+        return build_workload(args)
+    except WorkloadFileError as exc:
+        parser.error(str(exc))
 
 
 def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -237,8 +220,8 @@ def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     for name in args.eviction:
         if name not in ("lru", "rlt"):
             parser.error(f"--eviction: unknown eviction {name!r}; choose from lru, rlt")
-    if not 0.0 < args.gsp_prefix_ratio < 1.0:
-        parser.error("--gsp-prefix-ratio must be in (0, 1)")
+    if args.cache_threshold is not None and not 0.0 <= args.cache_threshold <= 1.0:
+        parser.error("--cache-threshold must be in [0, 1]")
     try:
         from models import make_model
 
@@ -253,30 +236,68 @@ def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         if worker >= args.workers:
             parser.error(f"--speed-change names worker {worker}; workers are 0..{args.workers - 1}")
     if (
-        args.capacity_tokens is not None
+        args.workload == "gsp"
+        and args.capacity_tokens is not None
         and args.capacity_tokens <= max(args.gsp_lens) + args.output_len
     ):
         parser.error("--capacity-tokens must exceed the longest prompt plus --output-len")
 
 
+def _check_capacity(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, workload: Workload
+) -> None:
+    largest = max((len(r.prompt) + r.max_new_tokens for r in workload), default=0)
+    if args.capacity_tokens is not None and args.capacity_tokens < largest:
+        parser.error(
+            f"--capacity-tokens must be at least the longest prompt plus its output "
+            f"({largest} tokens in this workload)"
+        )
+
+
+def _add_limits(rows: list[dict[str, Any]], workload: Workload) -> None:
+    """``--ceiling``: the offline limits of sim.ceiling next to each row's hit rate."""
+    limits = OfflineLimits(workload)
+    ceiling = limits.ceiling().hit_rate
+    bounds: dict[int, float] = {}
+    for row in rows:
+        row["ceiling_hit_rate"] = round(ceiling, 6)
+        if row["workers"] == 1:
+            capacity = int(row["capacity_tokens"])
+            if capacity not in bounds:
+                bounds[capacity] = limits.bound(capacity).hit_rate
+            row["offline_bound_hit_rate"] = round(bounds[capacity], 6)
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     _validate(args, parser)
+    workload = load_workload(args, parser)
+    if args.workload not in ("gsp", "trace", "azure"):  # a trace's giants fail, counted
+        _check_capacity(args, parser, workload)
     combos = list(itertools.product(args.policy, args.eviction))
     started = time.perf_counter()
     progress = not args.no_progress and sys.stderr.isatty()
     if args.jobs > 1 and len(combos) > 1:
-        # The namespace carries its parser (for usage errors), which cannot be pickled.
+        # The namespace carries its parser (for usage errors), which cannot be pickled; each
+        # process builds its own copy of the workload.
         shipped = argparse.Namespace(**vars(args))
         vars(shipped).pop("command_parser", None)
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
             rows = list(pool.map(run_one, [shipped] * len(combos), *zip(*combos, strict=True)))
     else:
-        rows = [run_one(args, policy, eviction, progress) for policy, eviction in combos]
+        rows = [run_one(args, policy, eviction, progress, workload) for policy, eviction in combos]
+    if args.ceiling:
+        _add_limits(rows, workload)
     wall = time.perf_counter() - started
-    print(markdown_table(rows))
+    columns: list[tuple[str, str, str]] = list(TABLE_COLUMNS)
+    if args.ceiling:
+        columns.append(("ceiling", "ceiling_hit_rate", "{:.3f}"))
+        if args.workers == 1:
+            columns.append(("offline bound", "offline_bound_hit_rate", "{:.3f}"))
+    print(markdown_table(rows, columns))
+    what = ", ".join(f"{k} {v}" for k, v in describe_workload(args).items() if k != "workload")
     print(
         f"simulated {sum(r['requests'] for r in rows)} requests in {wall:.1f} s wall "
-        f"({args.workload}, order {args.order}, {args.workers} workers, {args.rate:g} req/s)",
+        f"({args.workload}: {what}; {args.workers} workers)",
         file=sys.stderr,
     )
     if args.json:

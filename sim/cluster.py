@@ -4,6 +4,12 @@ Each arrival is routed by ``router_service.routing.Router`` with worker status r
 embedded decayed-load store (in simulated time); the chosen worker receives it after the
 profile's per-request overhead (tokenisation, HTTP); on completion the load reservation is
 released and the policy learns from the observed latency, exactly as in the live service.
+
+Closed-loop clients: a request whose ``after`` names an earlier request of the workload is
+released at ``max(its arrival_ms, the completion of that request)`` (a failed dependency
+releases it too, as a client moves on after an error); its latency and TTFT count from the
+release, as the client's own clock would. Requests without ``after`` arrive exactly as
+before.
 """
 
 from __future__ import annotations
@@ -111,7 +117,14 @@ def simulate(
     in_flight: dict[str, _InFlight] = {}
     urls = config.worker_urls()
 
+    waiting: dict[str, list[WorkloadRequest]] = {}  # rid -> requests released by its end
+
+    def release_dependents(rid: str) -> None:
+        for item in waiting.pop(rid, ()):
+            env.schedule_at(max(item.arrival_ms, env.now_ms), arrive, item)
+
     def finish(req: EngineRequest) -> None:
+        release_dependents(req.rid)
         job = in_flight.pop(req.rid)
         job.record.finished_ms = env.now_ms
         job.record.cached_tokens = req.cached
@@ -158,6 +171,7 @@ def simulate(
         try:
             worker.submit(req)
         except RequestTooLarge as exc:
+            release_dependents(item.rid)
             job = in_flight.pop(item.rid)
             job.record.failed = str(exc)
             if job.reservation is not None:
@@ -171,7 +185,17 @@ def simulate(
         if not 0 <= index < len(workers):
             raise ValueError(f"speed change for worker {index}; the fleet has {len(workers)}")
         env.schedule_at(at_s * 1000.0, workers[index].set_profile, base_profile.scaled(speed))
+    seen: set[str] = set()
     for item in workload:
-        env.schedule_at(item.arrival_ms, arrive, item)
+        if item.after is None:
+            env.schedule_at(item.arrival_ms, arrive, item)
+        elif item.after in seen:
+            waiting.setdefault(item.after, []).append(item)
+        else:
+            raise ValueError(
+                f"request {item.rid!r} waits for {item.after!r}, which does not come earlier "
+                "in the workload"
+            )
+        seen.add(item.rid)
     env.run()
     return SimRun(config, records, workers, router, env.now_ms)

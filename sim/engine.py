@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from engine_ext.cache import RadixCache, RadixNode
 from sim.profiles import ServiceProfile
 
-__all__ = ["EngineRequest", "RequestTooLarge", "Step", "StepResult", "WorkerEngine"]
+__all__ = [
+    "EngineRequest",
+    "RequestTooLarge",
+    "Step",
+    "StepResult",
+    "WorkerEngine",
+    "generated_tokens",
+]
 
 
 class RequestTooLarge(ValueError):
@@ -216,11 +223,15 @@ class WorkerEngine:
 
 
 def _output_tokens(req: EngineRequest, count: int) -> str:
-    """The request's generated tokens: given by the workload, else a fixed filler.
+    return generated_tokens(req.output, count)
+
+
+def generated_tokens(output: str, count: int) -> str:
+    """The first ``count`` generated tokens: ``output`` (from the workload), then a filler.
 
     The filler (private-use code points, never produced by ``sim.tokens``) only matters when
     two requests have the same prompt, where a deterministic model would answer alike too.
     """
-    if len(req.output) >= count:
-        return req.output[:count]
-    return req.output + "".join(chr(0xF0000 + i) for i in range(count - len(req.output)))
+    if len(output) >= count:
+        return output[:count]
+    return output + "".join(chr(0xF0000 + i) for i in range(count - len(output)))

@@ -14,17 +14,17 @@ Paper defaults: 128 groups x 32 prompts, prefix ratio 0.5, lengths 512..8192, ou
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from sim.tokens import ids_to_key, random_tokens
-from sim.workloads.base import WorkloadRequest, poisson_arrivals_ms
+from sim.workloads.base import GROUP_ORDERS, WorkloadRequest, order_groups, poisson_arrivals_ms
 
 __all__ = ["GSP_ORDERS", "GSPConfig", "GSPWorkload"]
 
-GSP_ORDERS = ("random", "grouped", "round_robin")
+GSP_ORDERS = GROUP_ORDERS
 SEPARATOR = ids_to_key([271])  # Llama 3's "\n\n" token
 
 
@@ -73,7 +73,7 @@ class GSPWorkload:
                     for _ in range(cfg.prompts_per_group)
                 ]
             )
-        order = _ordered(cfg, gen)
+        order = order_groups([cfg.prompts_per_group] * cfg.num_groups, cfg.order, gen)
         if limit is not None:
             order = order[:limit]
         arrivals = poisson_arrivals_ms(gen, cfg.rate, len(order))
@@ -97,13 +97,3 @@ class GSPWorkload:
     def reusable_working_set(self) -> int:
         """Tokens that can ever be reused: one copy of every group's shared prefix."""
         return sum(self.prefix_lens)
-
-
-def _ordered(cfg: GSPConfig, gen: np.random.Generator) -> Sequence[tuple[int, int]]:
-    grouped = [(g, p) for g in range(cfg.num_groups) for p in range(cfg.prompts_per_group)]
-    if cfg.order == "grouped":
-        return grouped
-    if cfg.order == "round_robin":
-        return [(g, p) for p in range(cfg.prompts_per_group) for g in range(cfg.num_groups)]
-    perm = gen.permutation(len(grouped))
-    return [grouped[i] for i in perm]

@@ -1,0 +1,362 @@
+"""Regenerate REPRODUCTION.md from scratch: the paper's four benchmarks in the simulator.
+
+Every table row is one ``kvroute sim`` command: this script parses the exact command line
+shown on the page with kvroute's own parser and calls the same ``run_one`` the CLI calls, so
+pasting a command into a shell reproduces its rows (the simulator is deterministic). Rows run
+on ``--jobs`` processes (default 2); each process builds a workload once and reuses it.
+
+Parts:
+1. four workers, each workload x {random, round_robin, cache_aware, lbgr} x {lru, rlt}, with
+   the offline hit-rate ceiling (``sim.ceiling``); GSP also in its two other orders; the
+   headline pair (cache_aware+lru, lbgr+rlt) again with seeds 1 and 2;
+2. cache_aware's threshold sensitivity on GSP;
+3. one worker, the eviction study: capacity sweeps (0.25x..2x of the reusable working set and
+   the paper-default capacity) for GSP round_robin and the cyclic worst case, lru and rlt
+   next to the offline upper bound and the ceiling;
+4. 1..10 workers on GSP: lbgr+rlt vs cache_aware+lru;
+5. the Mooncake trace's prefix structure (offline ceiling only).
+Writes REPRODUCTION.md, PNGs under docs/figures/ and the figures in results/reproduction.json;
+``--from-json results/reproduction.json`` rewrites the page and figures from a finished run
+without simulating again (after editing the page's text; the page keeps that run's time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _common import REPO_ROOT, base_parser, metadata, write_json
+
+from kvroute.cli import build_parser
+from kvroute.sim_command import build_workload, run_one
+from sim.ceiling import OfflineLimits
+from sim.profiles import get_profile
+from sim.workloads import load_mooncake
+
+NAME = "reproduction"
+PROFILE = "llama3.1-8b-l40"
+DATA = REPO_ROOT.parent / "shared" / "data"
+SHAREGPT = DATA / "mlenergy_ShareGPT_V3_filtered_1000.json"
+LOOGLE = DATA / "loogle_longdep_qa.jsonl"
+MOONCAKE = DATA / "mooncake_synthetic_trace.jsonl"
+POLICIES = ("random", "round_robin", "cache_aware", "lbgr")
+EVICTIONS = ("lru", "rlt")
+SWEEP_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)
+WORKER_COUNTS = tuple(range(1, 11))
+MAIN_TABLES = ("gsp", "sharegpt", "ultrachat", "loogle")
+SEEDS = ("1", "2")  # seed 0 is the main tables'
+BASELINE = ("cache_aware", "lru")
+OURS = ("lbgr", "rlt")
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One simulated row: ``kvroute sim WORKLOAD FLEET --policy P --eviction E``."""
+
+    table: str
+    workload: tuple[str, ...]
+    fleet: tuple[str, ...]
+    policy: str
+    eviction: str
+    extra: tuple[tuple[str, Any], ...] = ()
+
+
+def command(workload: Sequence[str], fleet: Sequence[str], policies: str, evictions: str) -> str:
+    return " ".join(
+        ["kvroute sim", *workload, *fleet, "--policy", policies, "--eviction", evictions]
+    )
+
+
+@functools.cache
+def parsed(argv: tuple[str, ...]) -> argparse.Namespace:
+    args = build_parser().parse_args(["sim", *argv])
+    vars(args).pop("command_parser", None)
+    return args
+
+
+@functools.cache
+def workload_of(argv: tuple[str, ...]) -> Any:
+    """Built once per process from the workload flags alone (fleet flags do not change it)."""
+    return build_workload(parsed(argv))
+
+
+def run_task(task: Task) -> dict[str, Any]:
+    argv = (*task.workload, *task.fleet)
+    started = time.perf_counter()
+    row = run_one(parsed(argv), task.policy, task.eviction, workload=workload_of(task.workload))
+    row.update(table=task.table, wall_s=round(time.perf_counter() - started, 3), **dict(task.extra))
+    return row
+
+
+# -- the plan --------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """Workload sizes: the paper's (full) or a smoke-test cut (--quick)."""
+
+    quick: bool
+
+    def gsp(self, order: str) -> tuple[str, ...]:
+        size = ("--gsp-groups", "32", "--gsp-prompts-per-group", "8") if self.quick else ()
+        return ("--workload", "gsp", "--order", order, *size)
+
+    def multiturn(self, dataset: Path | None) -> tuple[str, ...]:
+        size = ("--clients", "16") if self.quick else ()
+        data = ("--dataset", str(dataset)) if dataset is not None else ()
+        return ("--workload", "multiturn", *size, *data)
+
+    def longdoc(self, dataset: Path | None) -> tuple[str, ...]:
+        size = ("--docs", "16") if self.quick and dataset is None else ()
+        data = ("--dataset", str(dataset)) if dataset is not None else ()
+        return ("--workload", "longdoc", "--order", "random", *size, *data)
+
+    def cyclic(self) -> tuple[str, ...]:
+        cycles = "2" if self.quick else "5"
+        capacity = str(get_profile(PROFILE).kv_capacity_tokens)
+        return (
+            "--workload",
+            "cyclic",
+            "--cyclic-capacity",
+            capacity,
+            "--cyclic-cycles",
+            cycles,
+            "--rate",
+            "2",
+        )
+
+
+def available(path: Path) -> Path | None:
+    """The data file as the commands name it (relative to the project root), if present."""
+    return Path(os.path.relpath(path, REPO_ROOT)) if path.is_file() else None
+
+
+def fleet_tables(scale: Scale) -> dict[str, dict[str, Any]]:
+    """Part 1: key -> {title, workload argv, note}."""
+    sharegpt, loogle = available(SHAREGPT), available(LOOGLE)
+    tables = {
+        "gsp": ("GSP (random order)", scale.gsp("random")),
+        "sharegpt": ("ShareGPT-like multi-turn", scale.multiturn(sharegpt)),
+        "ultrachat": ("UltraChat-like multi-turn (synthetic)", scale.multiturn(None)),
+        "loogle": ("LooGLE-like long documents (synthetic)", scale.longdoc(None)),
+        "gsp_round_robin": ("GSP (round_robin order)", scale.gsp("round_robin")),
+        "gsp_grouped": ("GSP (grouped order)", scale.gsp("grouped")),
+    }
+    if loogle is not None:
+        tables["loogle_sample"] = ("LooGLE real sample (5 documents)", scale.longdoc(loogle))
+    return {
+        key: {"title": title, "workload": argv, "real_text": "--dataset" in argv}
+        for key, (title, argv) in tables.items()
+    }
+
+
+def plan(scale: Scale) -> tuple[list[Task], dict[str, Any]]:
+    tasks: list[Task] = []
+    layout: dict[str, Any] = {"fleet": {}, "sweeps": {}}
+    fleet4 = ("--workers", "4")
+    for key, table in fleet_tables(scale).items():
+        tasks += [Task(key, table["workload"], fleet4, p, e) for p in POLICIES for e in EVICTIONS]
+        layout["fleet"][key] = {
+            **table,
+            "command": command(table["workload"], fleet4, " ".join(POLICIES), " ".join(EVICTIONS))
+            + " --ceiling",
+        }
+    layout["seeds"] = {}
+    for key in MAIN_TABLES:
+        argv = layout["fleet"][key]["workload"]
+        for seed in SEEDS:
+            seeded = (*argv, "--seed", seed)
+            tasks += [
+                Task(f"seed:{key}", seeded, fleet4, p, e, (("seed", int(seed)),))
+                for p, e in (BASELINE, OURS)
+            ]
+        layout["seeds"][key] = " ; ".join(
+            command((*argv, "--seed", "S"), fleet4, p, e) for p, e in (BASELINE, OURS)
+        )
+    gsp = scale.gsp("random")
+    variants = {
+        "threshold 0.51": ("--cache-threshold", "0.51"),
+        "sglang preset (0.3 / 64 / 1.5)": ("--cache-aware-preset", "sglang"),
+    }
+    layout["sensitivity"] = {}
+    for label, flags in variants.items():
+        fleet = (*fleet4, *flags)
+        tasks += [
+            Task("sensitivity", gsp, fleet, "cache_aware", e, (("variant", label),))
+            for e in EVICTIONS
+        ]
+        layout["sensitivity"][label] = command(gsp, fleet, "cache_aware", "lru rlt")
+    for key, argv in (("gsp_round_robin", scale.gsp("round_robin")), ("cyclic", scale.cyclic())):
+        working_set = reusable(argv)
+        default = get_profile(PROFILE).kv_capacity_tokens
+        points = sorted({*(round(f * working_set) for f in SWEEP_FACTORS), default})
+        for capacity in points:
+            fleet = ("--workers", "1", "--capacity-tokens", str(capacity))
+            extra = (
+                ("capacity_factor", capacity / working_set),
+                ("paper_default", capacity == default),
+            )
+            tasks += [Task(f"sweep:{key}", argv, fleet, "round_robin", e, extra) for e in EVICTIONS]
+        layout["sweeps"][key] = {
+            "workload": argv,
+            "working_set": working_set,
+            "cycle_tokens": first_pass_tokens(argv),
+            "capacities": points,
+            "command": command(
+                argv, ("--workers", "1", "--capacity-tokens", "C"), "round_robin", "lru rlt"
+            )
+            + " --ceiling",
+        }
+    for n in WORKER_COUNTS:
+        tasks += [Task("workers", gsp, ("--workers", str(n)), p, e) for p, e in (BASELINE, OURS)]
+    layout["workers"] = {
+        "command": " ; ".join(command(gsp, ("--workers", "N"), p, e) for p, e in (BASELINE, OURS))
+    }
+    # Longest first, so the two processes finish together.
+    tasks.sort(key=lambda t: (t.policy != "lbgr", t.table.startswith("sweep")))
+    return tasks, layout
+
+
+def reusable(argv: tuple[str, ...]) -> int:
+    """Tokens that can ever be reused (the sweep's unit): distinct tokens hit at unlimited room."""
+    limit = OfflineLimits(workload_of(argv)).ceiling().reusable_tokens
+    return int(limit or 0)
+
+
+def first_pass_tokens(argv: tuple[str, ...]) -> int:
+    """Tokens one pass over the groups puts in the tree (prompt + all output tokens but one):
+    under LRU a shared prefix is only hit again if the capacity holds a whole pass."""
+    args = parsed(argv)
+    groups = args.gsp_groups if args.workload == "gsp" else len(workload_of(argv))
+    items = list(workload_of(argv))
+    if args.workload == "cyclic":
+        groups = len({r.prompt for r in items})
+    return sum(len(r.prompt) + r.max_new_tokens - 1 for r in items[:groups])
+
+
+# -- offline limits ----------------------------------------------------------------------------
+def limits(layout: dict[str, Any]) -> None:
+    """Ceilings of every fleet table, bounds at every sweep capacity (in this process)."""
+    for table in layout["fleet"].values():
+        table["ceiling"] = OfflineLimits(workload_of(table["workload"])).ceiling().hit_rate
+    for sweep in layout["sweeps"].values():
+        offline = OfflineLimits(workload_of(sweep["workload"]))
+        sweep["ceiling"] = offline.ceiling().hit_rate
+        sweep["bounds"] = {c: offline.bound(c).hit_rate for c in sweep["capacities"]}
+    workload_of.cache_clear()
+
+
+def trace_limits(quick: bool) -> dict[str, Any] | None:
+    path = available(MOONCAKE)
+    if path is None:
+        return None
+    trace = load_mooncake(path, limit=500 if quick else None)
+    seen: set[int] = set()
+    hits = blocks = 0
+    for ids in trace.hash_ids:
+        for h in ids:
+            blocks += 1
+            hits += h in seen
+            seen.add(h)
+    ceiling = OfflineLimits(trace).ceiling()
+    return {
+        "path": str(path),
+        "requests": len(trace),
+        "prompt_tokens": ceiling.prompt_tokens,
+        "block_hit_ratio": hits / blocks,
+        "ceiling": ceiling.hit_rate,
+        "reusable_tokens": ceiling.reusable_tokens,
+        "command": f"kvroute sim --workload trace --trace {path} --workers 1 --ceiling",
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = base_parser(NAME, __doc__)
+    parser.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
+    parser.add_argument("--page", type=Path, default=REPO_ROOT / "REPRODUCTION.md")
+    parser.add_argument("--figures", type=Path, default=REPO_ROOT / "docs" / "figures")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="rewrite the page and figures from a previous run's JSON (no simulation; the "
+        "page keeps that run's time)",
+    )
+    args = parser.parse_args(argv)
+    for name in ("page", "figures", "out"):
+        setattr(args, name, getattr(args, name).resolve())
+    if args.from_json is not None:
+        return rerender(args)
+    os.chdir(REPO_ROOT)  # the commands name data files relative to the project root
+    started = time.perf_counter()
+    tasks, layout = plan(Scale(args.quick))
+    print(f"{len(tasks)} simulations on {args.jobs} processes...", file=sys.stderr)
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(pool.map(run_task, tasks))
+    sim_s = time.perf_counter() - started
+    limits(layout)
+    layout["trace"] = trace_limits(args.quick)
+    figures = publish(rows, layout, args, None)
+    wall_s = time.perf_counter() - started  # everything but writing the page itself
+    meta = metadata()
+    timing = {
+        "wall_s": round(wall_s, 1),
+        "simulations_s": round(sim_s, 1),
+        "jobs": args.jobs,
+        "simulations": len(tasks),
+        "date": meta["date"],
+        "commit": meta["git_commit"],
+        "dirty": meta["git_dirty"],
+    }
+    publish(rows, layout, args, timing, figures)
+    write_json(args.out, NAME, {"quick": args.quick, **timing, "layout": layout, "rows": rows})
+    print(f"{len(tasks)} simulations in {sim_s:.1f} s; everything in {wall_s:.1f} s")
+    print(f"wrote {args.page}, {len(figures)} figures under {args.figures}, {args.out}")
+    return 0
+
+
+def publish(
+    rows: list[dict[str, Any]],
+    layout: dict[str, Any],
+    args: argparse.Namespace,
+    timing: dict[str, Any] | None,
+    figures: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Draw the figures (unless given); with ``timing``, write the page too."""
+    from reproduction_page import render
+    from reproduction_plots import plot_all
+
+    if figures is None:
+        figures = plot_all(rows, layout, args.figures, REPO_ROOT)
+    if timing is not None:
+        args.page.write_text(render(rows, layout, figures, args, timing))
+    return figures
+
+
+def rerender(args: argparse.Namespace) -> int:
+    """The page and figures again from a run's JSON (after editing the page's text)."""
+    import json
+
+    saved = json.loads(args.from_json.read_text())
+    layout = saved["layout"]
+    for sweep in layout["sweeps"].values():  # JSON turned the int keys into strings
+        sweep["bounds"] = {int(k): v for k, v in sweep["bounds"].items()}
+    args.quick = saved["quick"]
+    timing = {k: saved[k] for k in ("wall_s", "simulations_s", "jobs")}
+    timing["simulations"] = saved.get("simulations", len(saved["rows"]))  # one row a simulation
+    meta = saved["metadata"]  # the run's own date and commit, not this rendering's
+    timing.update(date=meta["date"], commit=meta["git_commit"], dirty=meta["git_dirty"])
+    publish(saved["rows"], layout, args, timing)
+    print(f"rewrote {args.page} and the figures from {args.from_json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""The PNG figures of REPRODUCTION.md (matplotlib, headless, small files)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAIN_TABLES = ("gsp", "sharegpt", "ultrachat", "loogle")
+POLICIES = ("random", "round_robin", "cache_aware", "lbgr")
+COLORS = {"lru": "#d95f02", "rlt": "#1b9e77"}
+DPI = 90
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _rows(rows: Sequence[dict[str, Any]], table: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r["table"] == table]
+
+
+def _find(rows: Sequence[dict[str, Any]], policy: str, eviction: str) -> dict[str, Any]:
+    return next(r for r in rows if r["policy"] == policy and r["eviction"] == eviction)
+
+
+def fleet_bars(
+    rows: Sequence[dict[str, Any]], layout: dict[str, Any], path: Path, hit: bool
+) -> None:
+    """p50 latency (log, p95 as ticks) or hit rate (with the ceiling) per workload."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.8))
+    x = np.arange(len(POLICIES))
+    for ax, table in zip(axes, MAIN_TABLES, strict=True):
+        sub = _rows(rows, table)
+        for offset, ev in ((-0.2, "lru"), (0.2, "rlt")):
+            picked = [_find(sub, p, ev) for p in POLICIES]
+            if hit:
+                ax.bar(x + offset, [r["hit_rate"] for r in picked], 0.4, color=COLORS[ev], label=ev)
+            else:
+                ax.bar(
+                    x + offset,
+                    [r["p50_latency_s"] for r in picked],
+                    0.4,
+                    color=COLORS[ev],
+                    label=f"{ev} p50",
+                )
+                ax.plot(
+                    x + offset,
+                    [r["p95_latency_s"] for r in picked],
+                    "k_",
+                    markersize=12,
+                    label="p95" if ev == "rlt" else None,
+                )
+        if hit:
+            ax.axhline(layout["fleet"][table]["ceiling"], color="k", ls="--", lw=1, label="ceiling")
+            ax.set_ylim(0, 1)
+        else:
+            ax.set_yscale("log")
+        ax.set_title(layout["fleet"][table]["title"], fontsize=9)
+        ax.set_xticks(x, POLICIES, fontsize=8, rotation=20)
+    axes[0].set_ylabel("cluster hit rate" if hit else "end-to-end latency (s)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("4 workers, llama3.1-8b-l40 profile, 12 req/s (simulated)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def sweeps(rows: Sequence[dict[str, Any]], layout: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    keys = list(layout["sweeps"])
+    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 3.8))
+    titles = {"gsp_round_robin": "GSP, round_robin order", "cyclic": "cyclic (LRU's worst case)"}
+    for ax, key in zip(np.atleast_1d(axes), keys, strict=True):
+        sweep = layout["sweeps"][key]
+        sub = _rows(rows, f"sweep:{key}")
+        caps = sweep["capacities"]
+        factor = [c / sweep["working_set"] for c in caps]
+        for ev in ("lru", "rlt"):
+            by_cap = {r["capacity_tokens"]: r["hit_rate"] for r in sub if r["eviction"] == ev}
+            ax.plot(factor, [by_cap[c] for c in caps], "o-", color=COLORS[ev], label=ev)
+        ax.plot(
+            factor,
+            [sweep["bounds"][c] for c in caps],
+            "s--",
+            color="#7570b3",
+            label="offline bound",
+        )
+        ax.axhline(sweep["ceiling"], color="k", ls=":", lw=1, label="ceiling (unlimited)")
+        default = next(r["capacity_factor"] for r in sub if r["paper_default"])
+        ax.axvline(default, color="grey", lw=1, ls="-.", label="paper-default capacity")
+        ax.set_xlabel("capacity / reusable working set")
+        ax.set_ylabel("hit rate (one worker)")
+        ax.set_ylim(0, 1)
+        ax.set_title(titles.get(key, key), fontsize=10)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def workers(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    plt = _plt()
+    sub = _rows(rows, "workers")
+    fig, (lat, hit) = plt.subplots(1, 2, figsize=(12, 3.8))
+    for (policy, ev), color in ((("cache_aware", "lru"), "#d95f02"), (("lbgr", "rlt"), "#1b9e77")):
+        line = sorted(
+            (r for r in sub if r["policy"] == policy and r["eviction"] == ev),
+            key=lambda r: r["workers"],
+        )
+        n = [r["workers"] for r in line]
+        lat.plot(
+            n, [r["p50_latency_s"] for r in line], "o-", color=color, label=f"{policy}+{ev} p50"
+        )
+        lat.plot(
+            n, [r["p95_latency_s"] for r in line], "^:", color=color, label=f"{policy}+{ev} p95"
+        )
+        hit.plot(n, [r["hit_rate"] for r in line], "o-", color=color, label=f"{policy}+{ev}")
+    lat.set_yscale("log")
+    lat.set_ylabel("end-to-end latency (s)")
+    hit.set_ylabel("cluster hit rate")
+    for ax in (lat, hit):
+        ax.set_xlabel("workers")
+        ax.set_xticks(range(1, 11))
+        ax.legend(fontsize=7)
+    fig.suptitle("GSP, random order, 12 req/s: more workers (simulated)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def plot_all(
+    rows: Sequence[dict[str, Any]], layout: dict[str, Any], folder: Path, root: Path
+) -> dict[str, str]:
+    """Write every figure; returns name -> path relative to ``root`` (for the page's links)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "latency": folder / "reproduction_fleet_latency.png",
+        "hit": folder / "reproduction_fleet_hit_rate.png",
+        "sweep": folder / "reproduction_eviction_sweep.png",
+        "workers": folder / "reproduction_workers.png",
+    }
+    fleet_bars(rows, layout, paths["latency"], hit=False)
+    fleet_bars(rows, layout, paths["hit"], hit=True)
+    sweeps(rows, layout, paths["sweep"])
+    workers(rows, paths["workers"])
+    out = {}
+    for name, path in paths.items():
+        try:
+            out[name] = str(path.resolve().relative_to(root.resolve()))
+        except ValueError:
+            out[name] = str(path)
+    return out
