@@ -1,0 +1,338 @@
+"""Eviction cost inside SGLang: our ``rlt`` backend vs SGLang's built-in leaf-LRU (issue 6).
+
+Run with the engine virtualenv (SGLang + torch on a CPU):
+``.venv-engine/bin/python benchmarks/sglang_eviction.py``.
+
+Both policies are SGLang classes on SGLang's own tree: ``RadixCache`` with
+``eviction_policy="lru"`` and ``engine_ext.sglang_rlt.RLTRadixCache``. Each repetition builds
+a fresh ~100k-token tree from the same seeded inserts (match, allocate the uncached part from
+the KV pool, insert, as the scheduler does), then times one ``evict(EvictParams(n))`` call
+for n = 1k, 10k and 50k tokens, the garbage collector off. The time is the process's CPU
+time (``time.process_time_ns``, torch on one thread): the benchmark machine is shared, and
+wall time charges a long call for other processes' time slices (the JSON keeps wall medians
+too). Policies alternate (the order flips every repetition); the figure is the median over
+repetitions of CPU ns per token actually freed (SGLang's LRU frees whole leaves, so it may
+free more than asked).
+
+The KV pool is SGLang's real ``TokenToKVPoolAllocator`` on the CPU (``--pool sglang``): its
+``free`` concatenates the freed indices onto the free list, once per call, so LRU pays one
+such call per evicted leaf and RLT one per ``evict``. ``--pool noop`` swaps in an allocator
+whose ``free`` does nothing, to show the tree work alone. On a GPU every ``free`` is a
+device ``torch.cat``, a kernel launch, which this CPU benchmark does not capture.
+
+Tree shapes (the same as ``benchmarks/eviction_cost.py``): ``gsp`` (groups of a ~1k-token
+shared prefix with 8 questions of ~256 tokens), ``chat`` (multi-turn conversations under a
+few system prompts, some forked), ``longdoc`` (a dozen ~8k-token documents).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import sys
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import base_parser, format_ratio, ratio, write_json
+
+from engine_ext.sglang_rlt import RLTRadixCache
+
+NAME = "sglang_eviction"
+POLICIES = ("lru", "rlt")
+EVICT_TOKENS = (1_000, 10_000, 50_000)
+TREE_TOKENS = 100_000
+VOCAB = 128_256
+TARGET_RATIO = 1.0
+SEED = 0
+
+Ids = list[int]
+
+
+# -- tree shapes: seeded insert sequences of token ids ---------------------------------------------
+def _tokens(gen: np.random.Generator, n: int) -> Ids:
+    ids: Ids = gen.integers(0, VOCAB, size=n).tolist()
+    return ids
+
+
+def gsp_keys(gen: np.random.Generator, target: int) -> list[Ids]:
+    keys: list[Ids] = []
+    tokens = 0
+    while tokens < target:
+        prefix = _tokens(gen, int(gen.integers(896, 1153)))
+        tokens += len(prefix)
+        for _ in range(8):
+            question = _tokens(gen, int(gen.integers(192, 321)))
+            keys.append(prefix + question)
+            tokens += len(question)
+    return [keys[i] for i in gen.permutation(len(keys))]
+
+
+def chat_keys(gen: np.random.Generator, target: int) -> list[Ids]:
+    systems = [_tokens(gen, 256) for _ in range(4)]
+    tokens = sum(len(s) for s in systems)
+    conversations: list[list[Ids]] = []
+    while tokens < target:
+        if conversations and gen.random() < 0.3:
+            base = conversations[int(gen.integers(len(conversations)))]
+            history = base[int(gen.integers(len(base)))]
+        else:
+            history = systems[int(gen.integers(len(systems)))]
+        turns: list[Ids] = []
+        for _ in range(int(gen.integers(2, 9))):
+            turn = _tokens(gen, int(gen.integers(32, 65)))
+            history = history + turn
+            tokens += len(turn)
+            turns.append(history)
+        conversations.append(turns)
+    owners = [i for i, turns in enumerate(conversations) for _ in turns]
+    cursor = [0] * len(conversations)
+    keys: list[Ids] = []
+    for i in (owners[j] for j in gen.permutation(len(owners))):
+        keys.append(conversations[i][cursor[i]])
+        cursor[i] += 1
+    return keys
+
+
+def longdoc_keys(gen: np.random.Generator, target: int) -> list[Ids]:
+    system = _tokens(gen, 512)
+    keys: list[Ids] = []
+    tokens = len(system)
+    while tokens < target:
+        doc = _tokens(gen, int(gen.integers(7680, 8705)))
+        keys.append(system + doc)
+        tokens += len(doc)
+    return keys
+
+
+SHAPES: dict[str, Callable[[np.random.Generator, int], list[Ids]]] = {
+    "gsp": gsp_keys,
+    "chat": chat_keys,
+    "longdoc": longdoc_keys,
+}
+
+
+# -- KV pools -------------------------------------------------------------------------------------
+class NoopAllocator:
+    """A pool that hands out fresh indices and forgets frees: the tree's own cost alone."""
+
+    device = "cpu"
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._next = 1
+
+    def alloc(self, need: int) -> torch.Tensor:
+        out = torch.arange(self._next, self._next + need, dtype=torch.int64)
+        self._next += need
+        return out
+
+    def free_segment(self, values: torch.Tensor, start_pos: int = 0) -> None:
+        pass
+
+    def free(self, values: torch.Tensor) -> None:
+        pass
+
+
+def make_pool(kind: str, size: int) -> Any:
+    if kind == "noop":
+        return NoopAllocator(size)
+    return TokenToKVPoolAllocator(size, torch.bfloat16, "cpu", None, need_sort=False)
+
+
+# -- building and timing --------------------------------------------------------------------------
+def build(keys: Sequence[Ids], policy: str, capacity: int, seed: int, pool: str) -> RadixCache:
+    allocator = make_pool(pool, capacity)
+    params = CacheInitParams(
+        disable=False,
+        req_to_token_pool=None,
+        token_to_kv_pool_allocator=allocator,
+        page_size=1,
+        eviction_policy="lru",
+    )
+    cache = RLTRadixCache(params, seed=seed) if policy == "rlt" else RadixCache(params)
+    for ids in keys:
+        match = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", ids))))
+        fresh = allocator.alloc(len(ids) - match.device_prefix_len)
+        value = torch.cat([cache.path_device_indices(match.last_device_node), fresh])
+        cache.insert(InsertParams(key=RadixKey(array("q", ids)), value=value))
+    return cache
+
+
+def tree_stats(keys: Sequence[Ids], pool: str) -> dict[str, int]:
+    cache = build(keys, "lru", 10 * TREE_TOKENS, SEED, pool)
+    nodes, stack = 0, list(cache.root_node.children.values())
+    while stack:
+        node = stack.pop()
+        nodes += 1
+        stack.extend(node.children.values())
+    return {
+        "tokens": cache.total_size(),
+        "nodes": nodes,
+        "leaves": len(cache.evictable_leaves),
+        "inserts": len(keys),
+    }
+
+
+def timed_evict(cache: RadixCache, tokens: int) -> tuple[int, int, int]:
+    """CPU ns and wall ns of one ``evict(tokens)`` call, and the tokens it freed."""
+    gc.collect()
+    gc.disable()
+    try:
+        wall, cpu = time.perf_counter_ns(), time.process_time_ns()
+        freed = cache.evict(EvictParams(num_tokens=tokens)).num_tokens_evicted
+        cpu, wall = time.process_time_ns() - cpu, time.perf_counter_ns() - wall
+    finally:
+        gc.enable()
+    return cpu, wall, int(freed)
+
+
+def check_sizes(cache: RadixCache, before: int, freed: int) -> None:
+    """Outside the timed call: the tree lost exactly what evict reported."""
+    if cache.total_size() != before - freed or cache.evictable_size() != before - freed:
+        raise AssertionError(f"{type(cache).__name__}: sizes do not add up after evict")
+
+
+def measure_point(
+    keys: Sequence[Ids], capacity: int, tokens: int, repeats: int, pool: str
+) -> dict[str, dict[str, list[int]]]:
+    samples = {p: {"ns": [], "wall_ns": [], "freed": []} for p in POLICIES}
+    for rep in range(repeats):
+        for policy in POLICIES if rep % 2 == 0 else POLICIES[::-1]:
+            cache = build(keys, policy, capacity, seed=rep, pool=pool)
+            before = cache.total_size()
+            cpu, wall, freed = timed_evict(cache, tokens)
+            check_sizes(cache, before, freed)
+            samples[policy]["ns"].append(cpu)
+            samples[policy]["wall_ns"].append(wall)
+            samples[policy]["freed"].append(freed)
+    return samples
+
+
+def summarize_point(
+    shape: str, tokens: int, samples: dict[str, dict[str, list[int]]]
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"shape": shape, "evict_tokens": tokens}
+    for policy in POLICIES:
+        ns, freed = samples[policy]["ns"], samples[policy]["freed"]
+        per_token = [n / f for n, f in zip(ns, freed, strict=True) if f]
+        row[f"{policy}_ns_per_token"] = round(statistics.median(per_token), 1)
+        row[f"{policy}_median_ms"] = round(statistics.median(ns) / 1e6, 3)
+        row[f"{policy}_freed_median"] = int(statistics.median(freed))
+        wall = statistics.median(samples[policy]["wall_ns"])
+        row[f"{policy}_wall_median_ms"] = round(wall / 1e6, 3)
+        row[f"{policy}_samples_ns"] = ns
+    rlt, lru = row["rlt_ns_per_token"], row["lru_ns_per_token"]
+    row["rlt_over_lru"] = ratio(rlt, lru)
+    row["rlt_over_lru_text"] = format_ratio(rlt, lru)
+    row["meets_target"] = "yes" if rlt <= TARGET_RATIO * lru else "no"
+    return row
+
+
+COLUMNS = (
+    ("shape", "shape", "{}"),
+    ("evict", "evict_tokens", "{:,}"),
+    ("lru freed", "lru_freed_median", "{:,}"),
+    ("rlt freed", "rlt_freed_median", "{:,}"),
+    ("lru CPU ms", "lru_median_ms", "{:.2f}"),
+    ("rlt CPU ms", "rlt_median_ms", "{:.2f}"),
+    ("lru ns/token", "lru_ns_per_token", "{:.0f}"),
+    ("rlt ns/token", "rlt_ns_per_token", "{:.0f}"),
+    ("rlt/lru", "rlt_over_lru_text", "{}"),
+    ("rlt <= lru", "meets_target", "{}"),
+)
+SHAPE_COLUMNS = (
+    ("shape", "shape", "{}"),
+    ("tokens", "tokens", "{:,}"),
+    ("nodes", "nodes", "{:,}"),
+    ("leaves", "leaves", "{:,}"),
+    ("inserts", "inserts", "{:,}"),
+    ("capacity", "capacity_tokens", "{:,}"),
+)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> str:
+    lines = [
+        "| " + " | ".join(title for title, _, _ in columns) + " |",
+        "|" + "|".join("---" for _ in columns) + "|",
+    ]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt.format(row[key]) for _, key, fmt in columns) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = base_parser(NAME, __doc__)
+    parser.add_argument("--repeats", type=int, default=None, help="default 21 (5 with --quick)")
+    parser.add_argument(
+        "--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES), help="tree shapes"
+    )
+    parser.add_argument(
+        "--pool", choices=("sglang", "noop"), default="sglang", help="KV pool (see above)"
+    )
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (5 if args.quick else 21)
+    if repeats < 1:
+        parser.error("--repeats must be >= 1")
+    torch.set_num_threads(1)  # one core, like the scheduler's eviction path
+    started = time.perf_counter()
+    shapes: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    for shape in args.shapes:
+        keys = SHAPES[shape](np.random.default_rng(SEED), TREE_TOKENS)
+        stats = tree_stats(keys, args.pool)
+        capacity = stats["tokens"] + stats["tokens"] // 100  # a bit above: no eviction on build
+        shapes.append({"shape": shape, **stats, "capacity_tokens": capacity})
+        for tokens in EVICT_TOKENS:
+            samples = measure_point(keys, capacity, tokens, repeats, args.pool)
+            rows.append(summarize_point(shape, tokens, samples))
+    wall_s = time.perf_counter() - started
+
+    version = _sglang_version()
+    print(f"## Eviction CPU time inside SGLang {version}, rlt vs lru (pool: {args.pool})\n")
+    print(markdown_table(shapes, SHAPE_COLUMNS) + "\n")
+    print(markdown_table(rows, COLUMNS) + "\n")
+    held = sum(1 for r in rows if r["meets_target"] == "yes")
+    print(
+        f"rlt <= lru per evicted token at {held} of {len(rows)} points; "
+        f"median of {repeats} repeats per point; {wall_s:.1f} s wall"
+    )
+    sys.stdout.flush()
+    path = write_json(
+        args.out,
+        NAME,
+        {
+            "quick": args.quick,
+            "repeats": repeats,
+            "pool": args.pool,
+            "sglang_version": _sglang_version(),
+            "torch_version": torch.__version__,
+            "target_ratio": TARGET_RATIO,
+            "wall_s": round(wall_s, 3),
+            "shapes": shapes,
+            "rows": rows,
+        },
+    )
+    print(f"figures written to {path}", file=sys.stderr)
+    return 0
+
+
+def _sglang_version() -> str:
+    import sglang
+
+    return str(sglang.__version__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

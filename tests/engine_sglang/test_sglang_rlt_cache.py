@@ -1,0 +1,263 @@
+"""RLTRadixCache on SGLang's real tree: marks, tail eviction, locks, sizes, frees, KV events."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+from sglang.srt.mem_cache.events import BlockRemoved, BlockStored, KVCacheEventRecorder
+from sglang_harness import (
+    TrackingAllocator,
+    Worker,
+    cache_params,
+    check_tree,
+    iter_nodes,
+    lru_cache,
+    radix_key,
+    rlt_cache,
+    shared_prefix_requests,
+)
+
+from engine_ext.sglang_rlt import RLTRadixCache
+
+
+def insert(cache: Any, allocator: TrackingAllocator, ids: list[int]) -> Any:
+    """Insert ``ids`` with KV slots allocated for the uncached part only (no eviction)."""
+    prefix = match(cache, ids)
+    cached = cache.path_device_indices(prefix.last_device_node)
+    value = torch.cat([cached, allocator.alloc(len(ids) - prefix.device_prefix_len)])
+    return cache.insert(InsertParams(key=radix_key(ids), value=value)).last_device_node
+
+
+def match(cache: Any, ids: list[int]) -> Any:
+    return cache.match_prefix(MatchPrefixParams(key=radix_key(ids)))
+
+
+def evict(cache: Any, tokens: int) -> int:
+    return int(cache.evict(EvictParams(num_tokens=tokens)).num_tokens_evicted)
+
+
+# -- marking phases ---------------------------------------------------------------------------
+def test_match_and_insert_mark_their_path_once_per_phase() -> None:
+    cache, allocator = rlt_cache(10)
+    insert(cache, allocator, [1, 2, 3, 4])
+    insert(cache, allocator, [5, 6, 7, 8])
+    match(cache, [1, 2, 3, 4])  # already marked: counted once
+    assert cache.marked_tokens == 8
+    assert cache.phases_started == 0
+    insert(cache, allocator, [9, 9])  # 8 + 2 == C: a new phase re-marks only this path
+    assert cache.phases_started == 1
+    assert cache.marked_tokens == 2
+    marks = {node.key.token_ids[0]: cache.is_marked(node) for node in iter_nodes(cache)}
+    assert marks == {1: False, 5: False, 9: True}
+    check_tree(cache, allocator)
+
+
+def test_a_split_keeps_the_mark_on_both_halves() -> None:
+    cache, allocator = rlt_cache(100)
+    insert(cache, allocator, list(range(8)))
+    cache.rlt.new_phase()
+    result = match(cache, [0, 1, 2, 3, 99])  # splits the node after 4 tokens
+    upper = result.last_device_node
+    (lower,) = upper.children.values()
+    assert result.device_prefix_len == 4
+    assert cache.is_marked(upper)
+    assert not cache.is_marked(lower)
+    assert cache.marked_tokens == 4
+    check_tree(cache, allocator)
+
+
+# -- eviction -----------------------------------------------------------------------------------
+def test_evict_trims_unmarked_tails_and_frees_them_in_one_call() -> None:
+    cache, allocator = rlt_cache(100)
+    a = insert(cache, allocator, list(range(10)))
+    b = insert(cache, allocator, list(range(100, 110)))
+    before = {id(a): a.value.tolist(), id(b): b.value.tolist()}
+    calls = allocator.free_calls
+    assert evict(cache, 5) == 5  # both leaves are marked: a new phase makes them candidates
+    assert cache.phases_started == 1
+    assert allocator.free_calls == calls + 1
+    assert cache.total_size() == 15
+    for node in (a, b):
+        kept = before[id(node)][: len(node.key)]
+        assert node.value.tolist() == kept  # heads stay, tails go
+    freed = sorted(allocator.freed_log)
+    tails = sorted(before[id(a)][len(a.key) :] + before[id(b)][len(b.key) :])
+    assert freed == tails
+    check_tree(cache, allocator)
+
+
+def test_an_emptied_leaf_is_deleted_and_its_parent_joins() -> None:
+    cache, allocator = rlt_cache(100)
+    insert(cache, allocator, [1, 2, 3, 4, 5, 6])
+    insert(cache, allocator, [1, 2, 3, 7])  # splits: [1,2,3] -> [4,5,6], [7]
+    assert evict(cache, 7) == 7  # everything: leaves, then the parent once it is a leaf
+    assert cache.total_size() == 0
+    assert not cache.root_node.children
+    assert allocator.in_use == set()
+    check_tree(cache, allocator)
+
+
+def test_locked_nodes_survive_any_eviction() -> None:
+    cache, allocator = rlt_cache(100)
+    kept = insert(cache, allocator, [1, 2, 3, 4, 5])
+    insert(cache, allocator, [1, 2, 3, 9, 9])
+    insert(cache, allocator, [7] * 6)
+    lock = cache.inc_lock_ref(kept)
+    path = cache.path_device_indices(kept).tolist()
+    assert evict(cache, 100) == 8  # all but the locked path
+    assert cache.path_device_indices(kept).tolist() == path
+    assert cache.evictable_size() == 0
+    assert cache.protected_size() == 5
+    check_tree(cache, allocator)
+    cache.dec_lock_ref(kept, lock.to_dec_params())
+    assert evict(cache, 100) == 5
+    assert allocator.in_use == set()
+
+
+def test_pages_go_whole_from_the_tail() -> None:
+    cache, allocator = rlt_cache(64, page_size=4)
+    leaf = insert(cache, allocator, list(range(16)))
+    head = leaf.value.tolist()
+    assert evict(cache, 5) == 8  # 5 tokens round up to 2 pages
+    assert len(leaf.key) == 8
+    assert leaf.value.tolist() == head[:8]
+    assert sorted(allocator.freed_log) == head[8:]
+    check_tree(cache, allocator)
+
+
+def test_reset_flushes_tree_and_marks() -> None:
+    cache, allocator = rlt_cache(50)
+    worker = Worker(cache, allocator)
+    for ids in shared_prefix_requests(0, 40):
+        worker.serve(ids)
+    cache.reset()
+    assert cache.total_size() == 0
+    assert cache.marked_tokens == 0
+    worker.allocator = allocator = TrackingAllocator(50)
+    cache.token_to_kv_pool_allocator = allocator
+    for ids in shared_prefix_requests(1, 40):
+        worker.serve(ids)
+    check_tree(cache, allocator)
+
+
+# -- random operation sequences ----------------------------------------------------------------
+_ids = st.lists(st.integers(0, 3), min_size=1, max_size=24)
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("serve"), _ids),
+        st.tuples(st.just("lock"), _ids),
+        st.tuples(st.just("unlock"), st.integers(0, 7)),
+        st.tuples(st.just("evict"), st.integers(1, 80)),
+    ),
+    max_size=60,
+)
+
+
+@pytest.mark.parametrize(
+    ("page_size", "eagle"), [(1, False), (4, False), (1, True)], ids=["page1", "page4", "eagle"]
+)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=_ops, seed=st.integers(0, 3))
+def test_random_sequences_keep_every_invariant(
+    page_size: int, eagle: bool, ops: list[tuple[str, Any]], seed: int
+) -> None:
+    """Sizes recount, each KV slot is freed once, locked paths never lose a token."""
+    cache, allocator = rlt_cache(48, page_size, seed=seed, is_eagle=eagle)
+    worker = Worker(cache, allocator)
+    locks: list[tuple[Any, Any, list[int]]] = []
+    for op, arg in ops:
+        if op == "serve":
+            worker.serve(arg)
+        elif op == "lock":
+            node = match(cache, arg).last_device_node
+            locks.append((node, cache.inc_lock_ref(node), cache.path_device_indices(node).tolist()))
+        elif op == "unlock" and locks:
+            node, receipt, _ = locks.pop(arg % len(locks))
+            cache.dec_lock_ref(node, receipt.to_dec_params())
+        elif op == "evict":
+            freed = evict(cache, arg)
+            assert freed <= -(-arg // page_size) * page_size
+        check_tree(cache, allocator)
+        for node, _, path in locks:
+            assert cache.path_device_indices(node).tolist() == path
+    for node, receipt, _ in locks:
+        cache.dec_lock_ref(node, receipt.to_dec_params())
+    evict(cache, 10_000)
+    assert cache.total_size() == 0
+    assert allocator.in_use == set()  # every slot handed out came back exactly once
+    check_tree(cache, allocator)
+
+
+# -- observability ----------------------------------------------------------------------------
+def test_evictions_reach_sglang_metrics_hook_and_the_log(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    allocator = TrackingAllocator(40)
+    cache = RLTRadixCache(cache_params(allocator), seed=0, log_every=2)
+    observed: list[int] = []
+    monkeypatch.setattr(cache, "update_eviction_metrics", lambda n, start: observed.append(n))
+    worker = Worker(cache, allocator)
+    with caplog.at_level(logging.INFO, logger="engine_ext.sglang_rlt"):
+        for ids in shared_prefix_requests(3, 60):
+            worker.serve(ids)
+    assert observed == worker.evicted
+    assert sum(observed) == cache.evicted_tokens_total > 0
+    lines = [r.getMessage() for r in caplog.records if "evict calls" in r.getMessage()]
+    assert len(lines) == len(worker.evicted) // 2
+    assert f"{cache.phases_started} phases" in lines[-1] or len(worker.evicted) % 2
+
+
+# -- KV events ------------------------------------------------------------------------------------
+def _live_blocks(cache: Any, page_size: int) -> set[int]:
+    """The block hashes a fresh recorder would publish for the tree as it stands now."""
+    recorder = KVCacheEventRecorder(enabled=True, page_size=page_size)
+    stack = [cache.root_node]
+    while stack:  # parents before children, as the hashes chain
+        node = stack.pop()
+        if node is not cache.root_node:
+            recorder.record_store(node)
+        stack.extend(node.children.values())
+    return {h for event in recorder.take() for h in event.block_hashes}
+
+
+@pytest.mark.parametrize("policy", ["lru", "rlt"])
+@pytest.mark.parametrize(("page_size", "extra_key"), [(1, None), (4, None), (1, "lora-a")])
+def test_kv_events_remove_exactly_what_was_stored(
+    policy: str, page_size: int, extra_key: str | None
+) -> None:
+    """Replaying the events gives the tree's blocks; SGLang's LRU passes the same check."""
+    build = rlt_cache if policy == "rlt" else lru_cache
+    cache, allocator = build(120, page_size, enable_kv_cache_events=True)
+    worker = Worker(cache, allocator, extra_key=extra_key)
+    live: set[int] = set()
+    removed = 0
+    for ids in shared_prefix_requests(5, 150):
+        worker.serve(ids)
+        for event in cache.kv_events.take():
+            if isinstance(event, BlockStored):
+                assert live.isdisjoint(event.block_hashes)
+                live.update(event.block_hashes)
+            elif isinstance(event, BlockRemoved):
+                assert set(event.block_hashes) <= live, "removed a block never stored"
+                live.difference_update(event.block_hashes)
+                removed += len(event.block_hashes)
+    assert sum(worker.evicted) > 0
+    assert removed > 0
+    assert live == _live_blocks(cache, page_size)
+    check_tree(cache, allocator)
+
+
+def test_values_stay_tensors_of_the_right_dtype() -> None:
+    cache, allocator = rlt_cache(30)
+    worker = Worker(cache, allocator)
+    for ids in shared_prefix_requests(9, 50):
+        worker.serve(ids)
+    for node in iter_nodes(cache):
+        assert isinstance(node.value, torch.Tensor)
+        assert node.value.dtype == torch.int64
