@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from router_service.routing import Router
@@ -67,7 +68,9 @@ class IndexSync:
         self.on_lag = on_lag
         self.max_len = max_len
         self._queue: asyncio.Queue[_Event] = asyncio.Queue(maxsize=100_000)
-        self.published = self.applied = self.dropped = self.errors = 0
+        self.published = self.applied = self.dropped = self.errors = self.replayed = 0
+        # Events decided before this replica started are history it replays, not sync lag.
+        self.started_ms = time.time() * 1000.0
         self.last_id = "0-0"
         self.last_lag_s: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -122,16 +125,25 @@ class IndexSync:
             while len(batch) < _BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             try:
-                async with self.client.pipeline(transaction=False) as pipe:
-                    for event in batch:
-                        pipe.xadd(self.stream, event, maxlen=self.max_len, approximate=True)
-                    await pipe.execute()
+                try:
+                    await self._send(batch)
+                except RedisConnectionError:
+                    # redis-py does not retry a pipeline on a pooled connection that died
+                    # while idle (Redis restarted): once more, on a fresh connection. A batch
+                    # sent twice is harmless: applying an event again changes nothing.
+                    await self._send(batch)
                 self.published += len(batch)
             except (RedisError, OSError) as exc:
                 self.dropped += len(batch)
                 self.errors += 1
                 log.debug("index events dropped, Redis unavailable: %s", exc)
                 await asyncio.sleep(0.5)
+
+    async def _send(self, batch: list[_Event]) -> None:
+        async with self.client.pipeline(transaction=False) as pipe:
+            for event in batch:
+                pipe.xadd(self.stream, event, maxlen=self.max_len, approximate=True)
+            await pipe.execute()
 
     async def _subscriber(self) -> None:
         delay = 0.1
@@ -158,10 +170,13 @@ class IndexSync:
         ts_ms = float(fields.get(b"t", b"0"))
         if op == b"i":
             self.router.index.insert(digests_to_key(fields.get(b"d", b"")), worker, ts_ms)
-            lag_s = max(0.0, time.time() - ts_ms / 1000.0)
-            self.last_lag_s = lag_s
-            if self.on_lag is not None:
-                self.on_lag(lag_s)
+            if ts_ms < self.started_ms:
+                self.replayed += 1
+            else:
+                lag_s = max(0.0, time.time() - ts_ms / 1000.0)
+                self.last_lag_s = lag_s
+                if self.on_lag is not None:
+                    self.on_lag(lag_s)
         elif op == b"x" and self.on_worker_removed is not None:
             self.on_worker_removed(worker)
         elif op == b"a" and self.on_worker_added is not None:
@@ -175,6 +190,7 @@ class IndexSync:
             "applied": self.applied,
             "dropped": self.dropped,
             "errors": self.errors,
+            "replayed": self.replayed,
             "last_lag_s": self.last_lag_s,
             "queued": self._queue.qsize(),
         }

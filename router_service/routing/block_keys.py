@@ -31,7 +31,7 @@ from engine_ext.cache.keys import Key
 __all__ = ["CHARS_PER_BLOCK", "DIGEST_BYTES", "BlockKeys", "digests_to_key", "key_to_digests"]
 
 CHARS_PER_BLOCK = 2
-DIGEST_BYTES = 4  # wire format: the prefix CRC-32, big endian
+DIGEST_BYTES = 4  # wire format: the 32-bit prefix digest, big endian
 _PLANE = 0x10000  # chunks land in planes 1-16: never surrogates
 
 

@@ -1,0 +1,307 @@
+"""Processes and probes for benchmarks that run a fleet of router replicas (``scale_out``).
+
+A throwaway redis-server, an nginx round-robin balancer with a temporary prefix, ``kvroute
+serve`` replicas (optionally pinned to CPUs), and the measurements taken from outside: the
+replicas' merged index-sync lag histogram, CPU seconds per process group (``/proc``), and the
+machine's busy fraction. Every process is started in its own process group and stopped whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from sim.local_cluster import free_port, wait_healthy
+
+__all__ = [
+    "Balancer",
+    "RedisServer",
+    "busy_fraction",
+    "children_cpu_s",
+    "group_cpu_s",
+    "harness_cpu_s",
+    "machine_jiffies",
+    "post_json",
+    "spawn",
+    "start_replicas",
+    "stop",
+    "sync_lag",
+]
+
+CPUS = os.cpu_count() or 1
+
+
+def spawn(args: Sequence[str], cpu: int | None = None, **env: str) -> subprocess.Popen[bytes]:
+    pin = ["taskset", "-c", str(cpu)] if cpu is not None and shutil.which("taskset") else []
+    return subprocess.Popen(
+        [*pin, *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("KVROUTE_")}, **env},
+    )
+
+
+def stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
+class RedisServer:
+    """A throwaway redis-server on a free loopback port (no persistence)."""
+
+    def __init__(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise SystemExit("redis-server is not installed (apt-get install redis-server)")
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        self.proc = spawn([*args, "--appendonly", "no", "--protected-mode", "no"])
+        self.client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.05)
+
+    def flush(self) -> None:
+        self.client.flushall()
+
+    def stop(self) -> None:
+        self.client.close()
+        stop([self.proc])
+
+
+_NGINX_CONF = """\
+{user}worker_processes 1;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/body;
+    proxy_temp_path {prefix}/proxy;
+    fastcgi_temp_path {prefix}/fastcgi;
+    uwsgi_temp_path {prefix}/uwsgi;
+    scgi_temp_path {prefix}/scgi;
+    upstream routers {{
+{servers}
+        keepalive 256;
+        keepalive_timeout 2s;  # below uvicorn's 5 s: nginx never reuses a connection it is closing
+    }}
+    server {{
+        listen 127.0.0.1:{port} reuseport backlog=4096;
+        client_max_body_size 64m;
+        location / {{
+            proxy_pass http://routers;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+"""
+
+
+class Balancer:
+    """nginx in the foreground with a temporary prefix: round robin over ``upstreams``."""
+
+    def __init__(self, upstreams: Sequence[str]) -> None:
+        exe = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not os.path.exists(exe):
+            raise SystemExit("nginx is not installed (apt-get install nginx-light)")
+        self.prefix = tempfile.mkdtemp(prefix="kvroute-nginx-")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # max_fails=0: one failed request must not take a replica out of the rotation for 10 s.
+        servers = "\n".join(
+            f"        server {u.removeprefix('http://')} max_fails=0;" for u in upstreams
+        )
+        conf = Path(self.prefix) / "nginx.conf"
+        conf.write_text(
+            _NGINX_CONF.format(
+                user="user root;\n" if os.geteuid() == 0 else "",
+                prefix=self.prefix,
+                servers=servers,
+                port=self.port,
+            )
+        )
+        args = [exe, "-p", self.prefix, "-c", str(conf), "-e", f"{self.prefix}/error.log"]
+        self.proc = spawn([*args, "-g", "daemon off;"])
+        try:
+            wait_healthy(self.url, 30, self.proc)
+        except (RuntimeError, TimeoutError):
+            self.stop()
+            raise
+
+    def errors(self, last: int = 5) -> list[str]:
+        """The last lines of nginx's error log (why a request failed: upstream errors)."""
+        try:
+            lines = (Path(self.prefix) / "error.log").read_text().splitlines()
+        except OSError:
+            return []
+        return lines[-last:]
+
+    def stop(self) -> None:
+        stop([self.proc])
+        shutil.rmtree(self.prefix, ignore_errors=True)
+
+
+def start_replicas(
+    count: int,
+    worker_urls: Sequence[str],
+    redis_url: str,
+    cluster: str,
+    *,
+    policy: str = "lbgr",
+    index_sync: bool = True,
+    pin: bool = True,
+) -> tuple[list[str], list[subprocess.Popen[bytes]]]:
+    """``count`` replicas ``r0``, ``r1``, ... of one cluster; replica i on CPU ``i % CPUS``."""
+    urls, procs = [], []
+    env = {} if index_sync else {"KVROUTE_INDEX_SYNC": "false"}
+    for i in range(count):
+        port = free_port()
+        args = [sys.executable, "-m", "kvroute", "serve", "--port", str(port)]
+        args += ["--policy", policy, "--redis-url", redis_url, "--cluster", cluster]
+        args += ["--replica-id", f"r{i}", "--log-level", "warning", "--worker-urls", *worker_urls]
+        procs.append(spawn(args, cpu=i % CPUS if pin else None, **env))
+        urls.append(f"http://127.0.0.1:{port}")
+    try:
+        for url, proc in zip(urls, procs, strict=True):
+            wait_healthy(url, 90, proc)
+    except (RuntimeError, TimeoutError):
+        stop(procs)
+        raise
+    return urls, procs
+
+
+def get_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def post_json(url: str, body: bytes) -> None:
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        resp.read()
+
+
+_BUCKET = re.compile(r'^kvroute_index_sync_lag_seconds_bucket\{le="([^"]+)"\} (\S+)$', re.M)
+
+
+def sync_lag(replica_urls: Sequence[str]) -> dict[str, Any]:
+    """Merged lag histogram of the replicas: count and interpolated p50/p99 (seconds)."""
+    buckets: dict[float, float] = {}
+    for url in replica_urls:
+        for le, count in _BUCKET.findall(get_text(url + "/metrics")):
+            bound = float("inf") if le == "+Inf" else float(le)
+            buckets[bound] = buckets.get(bound, 0.0) + float(count)
+    bounds = sorted(buckets)
+    total = buckets.get(float("inf"), 0.0)
+    out: dict[str, Any] = {"events": int(total)}
+    for q in (50, 99):
+        out[f"p{q}_s"] = _quantile(bounds, buckets, total, q / 100.0) if total else None
+    return out
+
+
+def _quantile(bounds: list[float], cumulative: dict[float, float], total: float, q: float) -> float:
+    rank, lower, below = q * total, 0.0, 0.0
+    for bound in bounds:
+        count = cumulative[bound]
+        if count >= rank:
+            if bound == float("inf"):
+                return lower  # beyond the last finite bucket: report its bound
+            return lower + (bound - lower) * (rank - below) / max(count - below, 1e-12)
+        lower, below = bound, count
+    return lower
+
+
+def machine_jiffies() -> tuple[int, int] | None:
+    try:
+        with open("/proc/stat") as fh:
+            values = [int(v) for v in fh.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return sum(values) - idle, sum(values)
+
+
+def _processes() -> dict[int, tuple[int, int, float]]:
+    """pid -> (parent pid, process group, CPU seconds so far) of every live process."""
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        out[int(entry)] = (
+            int(fields[1]),
+            int(fields[2]),
+            (int(fields[11]) + int(fields[12])) / tick,
+        )
+    return out
+
+
+def group_cpu_s(procs: Sequence[subprocess.Popen[bytes]]) -> float:
+    """CPU seconds used so far by the process groups of ``procs`` (live processes only)."""
+    groups = {p.pid for p in procs}  # every spawn leads its own group
+    return sum(cpu for _, pgrp, cpu in _processes().values() if pgrp in groups)
+
+
+def harness_cpu_s() -> float:
+    """CPU seconds of this process (the load generator) and all its live descendants."""
+    table, mine, total = _processes(), {os.getpid()}, 0.0
+    grew = True
+    while grew:  # descendants: parents first, whatever the pid order
+        grew = False
+        for pid, (ppid, _, cpu) in table.items():
+            if ppid in mine and pid not in mine:
+                mine.add(pid)
+                total += cpu
+                grew = True
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return total + usage.ru_utime + usage.ru_stime
+
+
+def busy_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    if before is None or after is None or after[1] == before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]), 3)
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's reaped children (a finished ``wrk``)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
