@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+import threading
 from types import FrameType
 from typing import Any
 
@@ -107,14 +108,27 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 class _DrainingServer(uvicorn.Server):
-    """On SIGTERM/SIGINT: /health turns 503 at once (balancers stop sending), uvicorn stops
-    accepting and lets requests in flight finish (up to the drain timeout), then the lifespan
-    snapshots the models and closes connections."""
+    """On SIGTERM/SIGINT: /health turns 503 "draining" at once; after ``drain_grace_s`` (time
+    for a balancer polling /health to stop sending; the router keeps serving meanwhile)
+    uvicorn stops accepting and lets requests in flight finish (up to the drain timeout),
+    then the lifespan snapshots the models and closes connections. A second signal during
+    the grace period stops accepting at once."""
 
     def __init__(self, config: uvicorn.Config, state: ServiceState) -> None:
         super().__init__(config)
         self.state = state
+        self._grace: threading.Timer | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        grace_s = self.state.settings.drain_grace_s
+        if self.state.draining or grace_s <= 0:
+            self.state.draining = True
+            if self._grace is not None:
+                self._grace.cancel()
+            super().handle_exit(sig, frame)
+            return
         self.state.draining = True
-        super().handle_exit(sig, frame)
+        # uvicorn polls should_exit every 0.1 s: a timer thread setting it later is enough.
+        self._grace = threading.Timer(grace_s, super().handle_exit, (sig, frame))
+        self._grace.daemon = True
+        self._grace.start()

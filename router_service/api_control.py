@@ -15,6 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.responses import JSONResponse
 
 from models import ModelSpecError, NoChallenger, parse_spec
+from router_service.api_schema import (
+    PolicyAnswer,
+    WorkerAnswer,
+    WorkerListAnswer,
+    WorkerRemovedAnswer,
+    errors,
+)
 from router_service.errors import ServiceError
 from router_service.routing import LBGRPolicy, RoutingPolicy, make_policy
 from router_service.settings import Settings, normalize_worker_url
@@ -44,7 +51,12 @@ def require_admin(request: Request) -> None:
         )
 
 
-router = APIRouter(dependencies=[Depends(require_admin)], tags=["control plane"])
+router = APIRouter(
+    dependencies=[Depends(require_admin)], responses=errors(401), tags=["control plane"]
+)
+
+
+_MODELS_DOC = "the residual models: version, champion and challenger (spec, sharing, errors)"
 
 
 class _Body(BaseModel):
@@ -85,13 +97,17 @@ def _worker_view(state: ServiceState, url: str) -> dict[str, Any]:
     }
 
 
-@router.get("/workers")
+@router.get("/workers", responses={200: {"model": WorkerListAnswer}})
 async def list_workers(request: Request) -> JSONResponse:
     state = _state(request)
     return JSONResponse({"workers": [_worker_view(state, u) for u in state.pool.urls()]})
 
 
-@router.post("/workers", status_code=201)
+@router.post(
+    "/workers",
+    status_code=201,
+    responses={201: {"model": WorkerAnswer}, **errors(400, 403, 409)},
+)
 async def add_worker(body: WorkerBody, request: Request) -> JSONResponse:
     """Register a worker; it takes traffic once its /health answers."""
     state = _state(request)
@@ -119,7 +135,7 @@ async def add_worker(body: WorkerBody, request: Request) -> JSONResponse:
     return JSONResponse(_worker_view(state, url), status_code=201)
 
 
-@router.delete("/workers")
+@router.delete("/workers", responses={200: {"model": WorkerRemovedAnswer}, **errors(400, 404)})
 async def remove_worker(request: Request, url: str | None = None) -> JSONResponse:
     """Remove a worker (``?url=`` or a JSON body ``{"url"}``); its load and index go too."""
     state = _state(request)
@@ -169,13 +185,13 @@ def build_policy(
         raise ServiceError(400, f"{field}: {exc}", field=field) from None
 
 
-@router.get("/policy")
+@router.get("/policy", responses={200: {"model": PolicyAnswer}})
 async def get_policy(request: Request) -> JSONResponse:
     state = _state(request)
     return JSONResponse({"name": state.router.policy.name, "params": state.policy_params})
 
 
-@router.put("/policy")
+@router.put("/policy", responses={200: {"model": PolicyAnswer}, **errors(400)})
 async def put_policy(body: PolicyBody, request: Request) -> JSONResponse:
     """Switch policy at run time; requests in flight finish under the old one."""
     state = _state(request)
@@ -200,7 +216,7 @@ def _slot(state: ServiceState) -> Any:
     return slot
 
 
-@router.get("/models")
+@router.get("/models", responses={200: {"description": _MODELS_DOC}})
 async def get_models(request: Request) -> JSONResponse:
     state = _state(request)
     slot = state.router.policy.models
@@ -209,7 +225,7 @@ async def get_models(request: Request) -> JSONResponse:
     )
 
 
-@router.put("/models")
+@router.put("/models", responses={200: {"description": _MODELS_DOC}, **errors(400, 404, 409)})
 async def put_models(body: ModelBody, request: Request) -> JSONResponse:
     """Hot swap: fresh models of ``spec`` for every worker, or for one worker."""
     state = _state(request)
@@ -231,7 +247,11 @@ async def put_models(body: ModelBody, request: Request) -> JSONResponse:
     return JSONResponse(slot.status())
 
 
-@router.post("/models/challenger", status_code=201)
+@router.post(
+    "/models/challenger",
+    status_code=201,
+    responses={201: {"description": _MODELS_DOC}, **errors(400, 409)},
+)
 async def start_challenger(body: ModelBody, request: Request) -> JSONResponse:
     """Start a challenger that learns in shadow on the live stream."""
     slot = _slot(_state(request))
@@ -242,7 +262,7 @@ async def start_challenger(body: ModelBody, request: Request) -> JSONResponse:
     return JSONResponse(slot.status(), status_code=201)
 
 
-@router.get("/models/challenger")
+@router.get("/models/challenger", responses={200: {"description": _MODELS_DOC}, **errors(409)})
 async def challenger_status(request: Request) -> JSONResponse:
     status = _slot(_state(request)).status()
     return JSONResponse(
@@ -254,14 +274,14 @@ async def challenger_status(request: Request) -> JSONResponse:
     )
 
 
-@router.delete("/models/challenger")
+@router.delete("/models/challenger", responses={200: {"description": _MODELS_DOC}, **errors(409)})
 async def drop_challenger(request: Request) -> JSONResponse:
     slot = _slot(_state(request))
     slot.drop_challenger()
     return JSONResponse(slot.status())
 
 
-@router.post("/models/promote")
+@router.post("/models/promote", responses={200: {"description": _MODELS_DOC}, **errors(409)})
 async def promote(request: Request) -> JSONResponse:
     """The challenger becomes the champion, with what it learned in shadow."""
     slot = _slot(_state(request))

@@ -7,9 +7,20 @@ from typing import Any
 import aiohttp
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from router_service.api_schema import (
+    CHAT_BODY,
+    COMPLETIONS_BODY,
+    EXPLAIN_BODY,
+    GENERATE_BODY,
+    ExplainAnswer,
+    HealthAnswer,
+    data_plane_doc,
+    errors,
+    request_body,
+)
 from router_service.errors import ServiceError
 from router_service.proxy import forward, read_body, route_only
 from router_service.request_parsing import detect_kind, load_json, parse_body
@@ -18,15 +29,6 @@ from router_service.state import ServiceState
 __all__ = ["router"]
 
 router = APIRouter()
-
-_BODY_DOC = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {"schema": {"type": "object", "additionalProperties": True}}
-        },
-    }
-}
 
 
 def _state(request: Request) -> ServiceState:
@@ -50,23 +52,45 @@ def data_plane_routes(state: ServiceState) -> list[Route]:
     ]
 
 
-@router.post("/generate", openapi_extra=_BODY_DOC, tags=["data plane"])
+_DATA_ERRORS = errors(400, 413, 429, 502, 503, 504)
+
+
+@router.post(
+    "/generate",
+    openapi_extra=data_plane_doc(GENERATE_BODY),
+    responses=_DATA_ERRORS,
+    tags=["data plane"],
+)
 async def generate(request: Request) -> Response:
     """SGLang's native API: ``text`` or ``input_ids``, ``sampling_params``, ``stream``."""
     return await forward(_state(request), request, "generate", "/generate")
 
 
-@router.post("/v1/completions", openapi_extra=_BODY_DOC, tags=["data plane"])
+@router.post(
+    "/v1/completions",
+    openapi_extra=data_plane_doc(COMPLETIONS_BODY),
+    responses=_DATA_ERRORS,
+    tags=["data plane"],
+)
 async def completions(request: Request) -> Response:
     return await forward(_state(request), request, "completions", "/v1/completions")
 
 
-@router.post("/v1/chat/completions", openapi_extra=_BODY_DOC, tags=["data plane"])
+@router.post(
+    "/v1/chat/completions",
+    openapi_extra=data_plane_doc(CHAT_BODY),
+    responses=_DATA_ERRORS,
+    tags=["data plane"],
+)
 async def chat_completions(request: Request) -> Response:
     return await forward(_state(request), request, "chat", "/v1/chat/completions")
 
 
-@router.get("/v1/models", tags=["data plane"])
+@router.get(
+    "/v1/models",
+    responses={200: {"description": "a healthy worker's model list"}, **errors(503)},
+    tags=["data plane"],
+)
 async def list_models(request: Request) -> Response:
     """The model list of a healthy worker (all workers serve the same model)."""
     state = _state(request)
@@ -88,7 +112,12 @@ async def list_models(request: Request) -> Response:
     )
 
 
-@router.post("/explain", openapi_extra=_BODY_DOC, tags=["explain"])
+@router.post(
+    "/explain",
+    openapi_extra=request_body(EXPLAIN_BODY),
+    responses={200: {"model": ExplainAnswer}, **errors(400, 413, 503)},
+    tags=["explain"],
+)
 async def explain(request: Request) -> JSONResponse:
     """The decision the router would make now for this body; nothing is reserved or sent."""
     state = _state(request)
@@ -100,7 +129,11 @@ async def explain(request: Request) -> JSONResponse:
     )
 
 
-@router.get("/explain/{decision_id}", tags=["explain"])
+@router.get(
+    "/explain/{decision_id}",
+    responses={200: {"model": ExplainAnswer}, **errors(404)},
+    tags=["explain"],
+)
 async def explain_recorded(decision_id: str, request: Request) -> JSONResponse:
     """A recorded decision with its outcome (kept in a bounded ring buffer)."""
     record = _state(request).decisions.get(decision_id)
@@ -114,14 +147,24 @@ async def explain_recorded(decision_id: str, request: Request) -> JSONResponse:
     return JSONResponse({**record, "dry_run": False})
 
 
-@router.get("/health", tags=["operations"])
+@router.get(
+    "/health",
+    responses={
+        200: {"model": HealthAnswer},
+        503: {"model": HealthAnswer, "description": "no healthy worker, or draining"},
+    },
+    tags=["operations"],
+)
 async def health(request: Request) -> JSONResponse:
-    """200 while at least one worker is healthy, else 503; says how the load store runs."""
+    """200 while at least one worker is healthy and the router is not draining, else 503;
+    says how the load store runs."""
     state = _state(request)
     snap = state.snapshot()
     healthy = [u for u, w in snap["workers"].items() if w["healthy"]]
     store = snap["store"]
-    if not healthy or state.draining:
+    if state.draining:
+        status = "draining"
+    elif not healthy:
         status = "unavailable"
     elif store.get("mode") == "embedded-fallback":
         status = "degraded"
@@ -139,10 +182,15 @@ async def health(request: Request) -> JSONResponse:
         "index_sync": snap["index_sync"],
         "draining": state.draining,
     }
-    return JSONResponse(body, status_code=200 if status != "unavailable" else 503)
+    return JSONResponse(body, status_code=503 if status in ("unavailable", "draining") else 200)
 
 
-@router.get("/metrics", tags=["operations"])
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"description": "Prometheus text format"}},
+    tags=["operations"],
+)
 async def metrics(request: Request) -> Response:
     state = _state(request)
     if state.metrics is None:  # pragma: no cover - always set in the lifespan

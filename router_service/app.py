@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Route
 
 from kvroute import __version__
 from router_service.admission import Admission
@@ -28,6 +29,7 @@ from router_service.api_control import build_policy, forget_worker
 from router_service.api_control import router as control_router
 from router_service.api_data import data_plane_routes
 from router_service.api_data import router as data_router
+from router_service.api_schema import install_openapi
 from router_service.breaker import BreakerSettings
 from router_service.decisions import DecisionLog
 from router_service.errors import ServiceError, error_response
@@ -213,15 +215,19 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         message = exc.detail if isinstance(exc.detail, str) else "HTTP error"
+        headers = getattr(exc, "headers", None)
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
         elif exc.status_code == 405:
-            message = f"method {request.method} is not allowed on {request.url.path}"
+            # Starlette's Allow names only the first route on the path; list them all.
+            allowed = ", ".join(_methods_on(app, request.url.path))
+            message = f"method {request.method} is not allowed on {request.url.path}; use {allowed}"
+            headers = {"Allow": allowed}
         return error_response(
             exc.status_code,
             message,
             error_type="not_found" if exc.status_code == 404 else "invalid_request_error",
-            headers=getattr(exc, "headers", None),
+            headers=headers,
         )
 
     @app.exception_handler(Exception)
@@ -230,6 +236,14 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(
             500, "internal router error; see the router's log", error_type="internal_error"
         )
+
+
+def _methods_on(app: FastAPI, path: str) -> list[str]:
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.methods and route.path_regex.fullmatch(path):
+            methods |= route.methods
+    return sorted(methods)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -248,4 +262,5 @@ def create_app(settings: Settings) -> FastAPI:
     # without FastAPI's per-request dependency machinery on the hot path. The FastAPI
     # declarations above stay for the OpenAPI schema.
     app.router.routes[0:0] = data_plane_routes(app.state.kvroute)
+    install_openapi(app)
     return app

@@ -240,6 +240,9 @@ class FallbackStore:
         while self.degraded:
             await asyncio.sleep(delay)
             try:
+                # Connections pooled before the outage are dead: drop them all, or the first
+                # operations after the restart fail on them and degrade the store again.
+                await self.redis.client.connection_pool.disconnect()
                 # A restarted Redis has lost the scripts: reload them before traffic returns.
                 await asyncio.wait_for(self.redis.start(), max(self.timeout_s, 0.5))
             except (RedisError, OSError, TimeoutError):

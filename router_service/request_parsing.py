@@ -16,9 +16,12 @@ from engine_ext.cache.keys import MAX_TOKEN_ID, ids_to_key
 from router_service.errors import ServiceError
 from router_service.routing import RouteRequest
 
-__all__ = ["KINDS", "ParsedRequest", "detect_kind", "parse_body"]
+__all__ = ["KINDS", "MAX_NEW_TOKENS", "ParsedRequest", "detect_kind", "parse_body"]
 
 KINDS = ("generate", "completions", "chat")
+# No engine generates 2**31 tokens; past it a count is a mistake (and past ~1e308 it cannot
+# even become a float for the residual models' features).
+MAX_NEW_TOKENS = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,12 @@ def load_json(raw: bytes) -> dict[str, Any]:
         raise ServiceError(
             400, f"request body is not valid JSON ({exc.msg} at char {exc.pos})", field="body"
         ) from None
+    except ValueError:  # an integer literal past Python's 4300-digit conversion limit
+        raise ServiceError(
+            400, "request body holds a number too long to read", field="body"
+        ) from None
+    except RecursionError:  # arrays or objects nested past the decoder's recursion limit
+        raise ServiceError(400, "request body is nested too deeply", field="body") from None
     if not isinstance(body, dict):
         raise ServiceError(400, "request body must be a JSON object", field="body")
     return body
@@ -90,8 +99,8 @@ def _max_tokens(container: dict[str, Any], names: tuple[str, ...], prefix: str) 
     for name in names:
         if name in container and container[name] is not None:
             value = container[name]
-            if type(value) is not int or value < 0:
-                raise _bad(f"{prefix}{name}", "must be a non-negative integer")
+            if type(value) is not int or not 0 <= value <= MAX_NEW_TOKENS:
+                raise _bad(f"{prefix}{name}", f"must be an integer in [0, {MAX_NEW_TOKENS}]")
             return value
     return None
 

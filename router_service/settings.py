@@ -25,13 +25,27 @@ class SettingsError(ValueError):
 
 
 def normalize_worker_url(url: str) -> str:
-    """``http://host:port`` with no trailing slash; anything else is refused."""
+    """``http://host:port`` with no trailing slash; anything else is refused.
+
+    The URL ends up in headers, metrics labels and logs, so control characters and spaces
+    are refused too, and credentials are never repeated back in the message.
+    """
     text = url.strip().rstrip("/")
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+        raise ValueError("worker URL must not contain spaces or control characters")
     parts = urlsplit(text)
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("worker URL must not carry credentials (user:password@)")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"worker URL must look like http://host:port, got {url!r}")
-    if parts.query or parts.fragment or parts.username or parts.password:
-        raise ValueError(f"worker URL must not carry a query, fragment or credentials: {url!r}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"worker URL must not carry a query or fragment: {url!r}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0 or (port is None and parts.netloc.endswith(":")):
+        raise ValueError(f"worker URL needs a port in 1..65535, got {url!r}")
     return text
 
 
@@ -75,6 +89,9 @@ class Settings(BaseSettings):
     model_snapshot_path: Path | None = None
     model_snapshot_interval_s: float = Field(60.0, gt=0)
     drain_timeout_s: float = Field(30.0, ge=0)  # SIGTERM: let requests in flight finish
+    # SIGTERM: keep serving (with /health 503 "draining") this long before closing the listener,
+    # so a balancer polling /health sees the drain and stops sending; 0 closes it at once.
+    drain_grace_s: float = Field(0.0, ge=0)
     log_prompts: bool = False  # prompt text never reaches the logs unless this is set
     # POST /workers only accepts workers on these networks (IP literals) or these host names,
     # so the control plane cannot be used to make the router reach arbitrary hosts. The hosts
