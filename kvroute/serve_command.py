@@ -50,6 +50,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--replica-id", default=None, help="this replica's name in metrics/explain")
     p.add_argument("--model-snapshot-path", default=None, help="save/load models here")
     p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="workers are emulated X times faster than real time: decay load and "
+        "learn latencies on their clock (embedded load store only)",
+    )
     p.set_defaults(run=run, command_parser=p)
 
 
@@ -77,6 +84,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             admin_token=args.admin_token,
             replica_id=args.replica_id,
             model_snapshot_path=args.model_snapshot_path,
+            time_scale=args.time_scale,
             log_level=args.log_level,
         )
     except SettingsError as exc:

@@ -69,7 +69,9 @@ def _build_state(settings: Settings) -> ServiceState:
         admission=Admission(
             settings.max_in_flight, settings.rate_limit_rps, settings.rate_limit_burst
         ),
-        store=make_store(settings.redis_url, settings.cluster, settings.redis_timeout_ms),
+        store=make_store(
+            settings.redis_url, settings.cluster, settings.redis_timeout_ms, settings.time_scale
+        ),
         decisions=DecisionLog(settings.explain_buffer),
         replica_id=settings.replica_id or f"replica-{secrets.token_hex(4)}",
         rng=rng,

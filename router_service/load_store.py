@@ -65,28 +65,36 @@ def _now_ms() -> float:
 
 
 class EmbeddedStore:
-    """The routing core's embedded store on the process's monotonic clock."""
+    """The routing core's embedded store on the process's monotonic clock.
+
+    ``time_scale`` > 1 runs the decay that many times faster, for emulated workers whose
+    time runs faster than real time (``kvroute emulate --time-scale``).
+    """
 
     mode = "embedded"
 
-    def __init__(self) -> None:
+    def __init__(self, time_scale: float = 1.0) -> None:
         self._store = EmbeddedLoadStore()
+        self._scale = time_scale
+
+    def _now_ms(self) -> float:
+        return _now_ms() * self._scale
 
     async def start(self) -> None:
         pass
 
     async def read_many(self, workers: list[str]) -> dict[str, float]:
-        return self._store.read_many(workers, _now_ms())
+        return self._store.read_many(workers, self._now_ms())
 
     async def reserve(self, worker: str, inc_ms: float) -> StoreReservation:
-        res = self._store.reserve(worker, inc_ms, _now_ms())
+        res = self._store.reserve(worker, inc_ms, self._now_ms())
         return StoreReservation(worker, inc_ms, res.tick, "embedded")
 
     async def release(self, reservation: StoreReservation) -> None:
         from router_service.routing.load import Reservation
 
         res = Reservation(reservation.worker, reservation.inc_ms, reservation.tick)
-        self._store.release(res, _now_ms())
+        self._store.release(res, self._now_ms())
 
     async def remove(self, worker: str) -> None:
         self._store.remove(worker)
@@ -289,9 +297,11 @@ class FallbackStore:
         await self.redis.close()
 
 
-def make_store(redis_url: str | None, cluster: str, timeout_ms: float) -> LoadStore:
+def make_store(
+    redis_url: str | None, cluster: str, timeout_ms: float, time_scale: float = 1.0
+) -> LoadStore:
     if not redis_url:
-        return EmbeddedStore()
+        return EmbeddedStore(time_scale)
     client = aioredis.Redis.from_url(
         redis_url,
         socket_connect_timeout=max(timeout_ms / 1000.0, 0.2),

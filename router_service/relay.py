@@ -78,8 +78,9 @@ class Flight:
         if self.on_close is not None:
             self.on_close()
         state, decision = self.state, self.decision
-        latency_ms = (time.perf_counter() - self.started) * 1000.0
-        ttft_ms = (self.first_byte - self.started) * 1000.0 if self.first_byte else None
+        scale = state.settings.time_scale  # emulated workers: learn in their time
+        latency_ms = (time.perf_counter() - self.started) * 1000.0 * scale
+        ttft_ms = (self.first_byte - self.started) * 1000.0 * scale if self.first_byte else None
         if ok:
             state.pool.record_request(decision.chosen, ok=True)
         elif worker_fault:

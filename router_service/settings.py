@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 __all__ = ["Settings", "SettingsError", "load_settings", "normalize_worker_url"]
@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     explain_buffer: int = Field(10_000, ge=1)
     model_snapshot_path: Path | None = None
     model_snapshot_interval_s: float = Field(60.0, gt=0)
+    # For emulated workers running X times faster than real time: the router's load decay
+    # and the latencies it learns from run on the same emulated clock (embedded store only).
+    time_scale: float = Field(1.0, gt=0)
     drain_timeout_s: float = Field(30.0, ge=0)  # SIGTERM: let requests in flight finish
     # SIGTERM: keep serving (with /health 503 "draining") this long before closing the listener,
     # so a balancer polling /health sees the drain and stops sending; 0 closes it at once.
@@ -163,6 +166,15 @@ class Settings(BaseSettings):
         if value is not None and urlsplit(value).scheme not in ("redis", "rediss", "unix"):
             raise ValueError("redis_url must start with redis://, rediss:// or unix://")
         return value
+
+    @model_validator(mode="after")
+    def _check_time_scale(self) -> Settings:
+        if self.time_scale != 1.0 and self.redis_url:
+            raise ValueError(
+                "time_scale is for emulated workers with the embedded load store; Redis decays "
+                "load on its own clock: drop redis_url or time_scale"
+            )
+        return self
 
     def redacted(self) -> dict[str, Any]:
         """Settings as shown to operators: secrets and Redis passwords masked."""

@@ -146,6 +146,7 @@ class LocalCluster:
                 policy,
                 "--worker-urls",
                 *self.worker_urls,
+                *(["--time-scale", repr(self.time_scale)] if self.time_scale != 1.0 else []),
                 *extra,
             ]
         elif kind == "sglang-router":
