@@ -19,15 +19,15 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from _common import base_parser, format_ratio, ratio, write_json
+from _tree_shapes import SHAPES as TREE_SHAPES
 
 from engine_ext.cache import RadixCache
 from sim.report import markdown_table
-from sim.tokens import random_tokens
 
 NAME = "eviction_cost"
 POLICIES = ("lru", "rlt")
@@ -36,69 +36,7 @@ TREE_TOKENS = 100_000
 TARGET_RATIO = 1.5
 SEED = 0
 
-KeyBuilder = Callable[[np.random.Generator, int], list[str]]
-
-
-# -- tree shapes: the seeded insert sequences -------------------------------------------------
-def gsp_keys(gen: np.random.Generator, target: int) -> list[str]:
-    """Groups of ~1k-token shared prefixes with 8 questions of ~256 tokens, shuffled."""
-    keys: list[str] = []
-    tokens = 0
-    while tokens < target:
-        prefix = random_tokens(gen, int(gen.integers(896, 1153)))
-        tokens += len(prefix)
-        for _ in range(8):
-            question = random_tokens(gen, int(gen.integers(192, 321)))
-            keys.append(prefix + question)
-            tokens += len(question)
-    return [keys[i] for i in gen.permutation(len(keys))]
-
-
-def chat_keys(gen: np.random.Generator, target: int) -> list[str]:
-    """Multi-turn conversations, interleaved as concurrent clients would send them.
-
-    Every turn adds 32-64 tokens (user message plus answer) and inserts the whole history, so
-    a conversation is a chain of short nodes; 30% of conversations fork from a random turn
-    of an earlier one (a regenerated or edited answer), which makes branches.
-    """
-    systems = [random_tokens(gen, 256) for _ in range(4)]
-    tokens = sum(len(s) for s in systems)
-    conversations: list[list[str]] = []
-    while tokens < target:
-        if conversations and gen.random() < 0.3:
-            base = conversations[int(gen.integers(len(conversations)))]
-            history = base[int(gen.integers(len(base)))]
-        else:
-            history = systems[int(gen.integers(len(systems)))]
-        turns: list[str] = []
-        for _ in range(int(gen.integers(2, 9))):
-            turn = random_tokens(gen, int(gen.integers(32, 65)))
-            history += turn
-            tokens += len(turn)
-            turns.append(history)
-        conversations.append(turns)
-    owners = [i for i, turns in enumerate(conversations) for _ in turns]
-    cursor = [0] * len(conversations)
-    keys: list[str] = []
-    for i in (owners[j] for j in gen.permutation(len(owners))):
-        keys.append(conversations[i][cursor[i]])
-        cursor[i] += 1
-    return keys
-
-
-def longdoc_keys(gen: np.random.Generator, target: int) -> list[str]:
-    """A few ~8k-token documents behind one 512-token system prompt."""
-    system = random_tokens(gen, 512)
-    keys: list[str] = []
-    tokens = len(system)
-    while tokens < target:
-        doc = random_tokens(gen, int(gen.integers(7680, 8705)))
-        keys.append(system + doc)
-        tokens += len(doc)
-    return keys
-
-
-SHAPES: dict[str, KeyBuilder] = {"gsp": gsp_keys, "chat": chat_keys, "longdoc": longdoc_keys}
+SHAPES = TREE_SHAPES  # the seeded insert sequences (benchmarks/_tree_shapes.py)
 
 
 # -- building and timing ----------------------------------------------------------------------

@@ -46,80 +46,32 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import base_parser, format_ratio, ratio, write_json
+from _tree_shapes import SHAPES as TREE_SHAPES
+from _tree_shapes import KeyBuilder
 
+from engine_ext.cache.keys import key_to_ids
 from engine_ext.sglang_rlt import RLTRadixCache
 
 NAME = "sglang_eviction"
 POLICIES = ("lru", "rlt")
 EVICT_TOKENS = (1_000, 10_000, 50_000)
 TREE_TOKENS = 100_000
-VOCAB = 128_256
 TARGET_RATIO = 1.0
 SEED = 0
 
 Ids = list[int]
 
 
-# -- tree shapes: seeded insert sequences of token ids ---------------------------------------------
-def _tokens(gen: np.random.Generator, n: int) -> Ids:
-    ids: Ids = gen.integers(0, VOCAB, size=n).tolist()
-    return ids
+# -- tree shapes: the reference benchmark's seeded insert sequences, as token ids ------------------
+def _as_ids(builder: KeyBuilder) -> Callable[[np.random.Generator, int], list[Ids]]:
+    def build_ids(gen: np.random.Generator, target: int) -> list[Ids]:
+        return [key_to_ids(key) for key in builder(gen, target)]
 
-
-def gsp_keys(gen: np.random.Generator, target: int) -> list[Ids]:
-    keys: list[Ids] = []
-    tokens = 0
-    while tokens < target:
-        prefix = _tokens(gen, int(gen.integers(896, 1153)))
-        tokens += len(prefix)
-        for _ in range(8):
-            question = _tokens(gen, int(gen.integers(192, 321)))
-            keys.append(prefix + question)
-            tokens += len(question)
-    return [keys[i] for i in gen.permutation(len(keys))]
-
-
-def chat_keys(gen: np.random.Generator, target: int) -> list[Ids]:
-    systems = [_tokens(gen, 256) for _ in range(4)]
-    tokens = sum(len(s) for s in systems)
-    conversations: list[list[Ids]] = []
-    while tokens < target:
-        if conversations and gen.random() < 0.3:
-            base = conversations[int(gen.integers(len(conversations)))]
-            history = base[int(gen.integers(len(base)))]
-        else:
-            history = systems[int(gen.integers(len(systems)))]
-        turns: list[Ids] = []
-        for _ in range(int(gen.integers(2, 9))):
-            turn = _tokens(gen, int(gen.integers(32, 65)))
-            history = history + turn
-            tokens += len(turn)
-            turns.append(history)
-        conversations.append(turns)
-    owners = [i for i, turns in enumerate(conversations) for _ in turns]
-    cursor = [0] * len(conversations)
-    keys: list[Ids] = []
-    for i in (owners[j] for j in gen.permutation(len(owners))):
-        keys.append(conversations[i][cursor[i]])
-        cursor[i] += 1
-    return keys
-
-
-def longdoc_keys(gen: np.random.Generator, target: int) -> list[Ids]:
-    system = _tokens(gen, 512)
-    keys: list[Ids] = []
-    tokens = len(system)
-    while tokens < target:
-        doc = _tokens(gen, int(gen.integers(7680, 8705)))
-        keys.append(system + doc)
-        tokens += len(doc)
-    return keys
+    return build_ids
 
 
 SHAPES: dict[str, Callable[[np.random.Generator, int], list[Ids]]] = {
-    "gsp": gsp_keys,
-    "chat": chat_keys,
-    "longdoc": longdoc_keys,
+    name: _as_ids(builder) for name, builder in TREE_SHAPES.items()
 }
 
 

@@ -5,29 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kvroute.workload_args import positive_float, positive_int
 from sim.profiles import PROFILES
 
 __all__ = ["add_parser"]
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def add_parser(sub: Any) -> None:
@@ -42,18 +23,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--eviction", choices=["lru", "rlt"], default="lru")
     p.add_argument(
         "--capacity-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="KV capacity in tokens (default: the profile's)",
     )
     p.add_argument("--profile", choices=sorted(PROFILES), default="llama3.1-8b-l40")
     p.add_argument(
         "--time-scale",
-        type=_positive_float,
+        type=positive_float,
         default=1.0,
         help="emulated time runs this many times faster than real time",
     )
-    p.add_argument("--page-size", type=_positive_int, default=1)
+    p.add_argument("--page-size", type=positive_int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model-name", default="kvroute-emulated")
     p.set_defaults(run=run, command_parser=p)

@@ -1,0 +1,80 @@
+"""Seeded tree shapes for the eviction-cost benchmarks (reference cache and SGLang).
+
+Each builder returns the insert sequence of a ~``target``-token radix tree, as token keys
+(``sim.tokens``: one character per token id); ``engine_ext.cache.keys.key_to_ids`` turns a key
+into token ids for SGLang. Only numpy and the key helpers are imported, so the SGLang engine
+virtualenv (no River) can use it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from sim.tokens import random_tokens
+
+__all__ = ["SHAPES", "KeyBuilder", "chat_keys", "gsp_keys", "longdoc_keys"]
+
+KeyBuilder = Callable[[np.random.Generator, int], list[str]]
+
+
+def gsp_keys(gen: np.random.Generator, target: int) -> list[str]:
+    """Groups of ~1k-token shared prefixes with 8 questions of ~256 tokens, shuffled."""
+    keys: list[str] = []
+    tokens = 0
+    while tokens < target:
+        prefix = random_tokens(gen, int(gen.integers(896, 1153)))
+        tokens += len(prefix)
+        for _ in range(8):
+            question = random_tokens(gen, int(gen.integers(192, 321)))
+            keys.append(prefix + question)
+            tokens += len(question)
+    return [keys[i] for i in gen.permutation(len(keys))]
+
+
+def chat_keys(gen: np.random.Generator, target: int) -> list[str]:
+    """Multi-turn conversations, interleaved as concurrent clients would send them.
+
+    Every turn adds 32-64 tokens (user message plus answer) and inserts the whole history, so
+    a conversation is a chain of short nodes; 30% of conversations fork from a random turn
+    of an earlier one (a regenerated or edited answer), which makes branches.
+    """
+    systems = [random_tokens(gen, 256) for _ in range(4)]
+    tokens = sum(len(s) for s in systems)
+    conversations: list[list[str]] = []
+    while tokens < target:
+        if conversations and gen.random() < 0.3:
+            base = conversations[int(gen.integers(len(conversations)))]
+            history = base[int(gen.integers(len(base)))]
+        else:
+            history = systems[int(gen.integers(len(systems)))]
+        turns: list[str] = []
+        for _ in range(int(gen.integers(2, 9))):
+            turn = random_tokens(gen, int(gen.integers(32, 65)))
+            history += turn
+            tokens += len(turn)
+            turns.append(history)
+        conversations.append(turns)
+    owners = [i for i, turns in enumerate(conversations) for _ in turns]
+    cursor = [0] * len(conversations)
+    keys: list[str] = []
+    for i in (owners[j] for j in gen.permutation(len(owners))):
+        keys.append(conversations[i][cursor[i]])
+        cursor[i] += 1
+    return keys
+
+
+def longdoc_keys(gen: np.random.Generator, target: int) -> list[str]:
+    """A few ~8k-token documents behind one 512-token system prompt."""
+    system = random_tokens(gen, 512)
+    keys: list[str] = []
+    tokens = len(system)
+    while tokens < target:
+        doc = random_tokens(gen, int(gen.integers(7680, 8705)))
+        keys.append(system + doc)
+        tokens += len(doc)
+    return keys
+
+
+SHAPES: dict[str, KeyBuilder] = {"gsp": gsp_keys, "chat": chat_keys, "longdoc": longdoc_keys}
