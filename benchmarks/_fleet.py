@@ -9,6 +9,7 @@ machine's busy fraction. Every process is started in its own process group and s
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import resource
@@ -29,6 +30,7 @@ from sim.local_cluster import free_port, wait_healthy
 
 __all__ = [
     "Balancer",
+    "InstantWorkers",
     "RedisServer",
     "busy_fraction",
     "children_cpu_s",
@@ -131,13 +133,98 @@ http {{
 """
 
 
+_INSTANT_CONF = """\
+{user}worker_processes 1;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/body;
+    proxy_temp_path {prefix}/proxy;
+    fastcgi_temp_path {prefix}/fastcgi;
+    uwsgi_temp_path {prefix}/uwsgi;
+    scgi_temp_path {prefix}/scgi;
+    keepalive_requests 1000000;
+    client_max_body_size 64m;
+    default_type application/json;
+    server {{
+{listen}
+        location = /health {{ return 200 ""; }}
+        location = /health_generate {{ return 200 ""; }}
+        location = /get_model_info {{ return 200 '{info}'; }}
+        location = /get_server_info {{ return 200 '{info}'; }}
+        location = /v1/models {{ return 200 '{models}'; }}
+        location = /generate {{ return 200 '{generate}'; }}
+        location = /v1/completions {{ return 200 '{generate}'; }}
+        location / {{ return 404 '{{"error": "not found"}}'; }}
+    }}
+}}
+"""
+
+
+def _nginx_exe() -> str:
+    exe = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.path.exists(exe):
+        raise SystemExit("nginx is not installed (apt-get install nginx-light)")
+    return exe
+
+
+class InstantWorkers:
+    """``count`` workers that answer at once, served by one nginx process on as many ports.
+
+    What ``instant_worker.py`` answers (SGLang's /health, /get_model_info, /get_server_info,
+    /v1/models, non-streaming /generate and /v1/completions) as fixed responses, for benchmarks
+    that measure the routers' own ceiling: in production the workers are GPU servers on other
+    machines, so the less CPU they take from this one, the closer the figure is to what the
+    routers alone can do. nginx answers a request in a few microseconds of CPU, where a Python
+    server takes a good part of a millisecond.
+    """
+
+    def __init__(self, count: int) -> None:
+        exe = _nginx_exe()
+        self.prefix = tempfile.mkdtemp(prefix="kvroute-instant-")
+        self.ports = [free_port() for _ in range(count)]
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        conf = Path(self.prefix) / "nginx.conf"
+        conf.write_text(
+            _INSTANT_CONF.format(
+                user="user root;\n" if os.geteuid() == 0 else "",
+                prefix=self.prefix,
+                listen="\n".join(f"        listen 127.0.0.1:{p};" for p in self.ports),
+                info=json.dumps({"model_path": "instant", "is_generation": True}),
+                models=json.dumps({"object": "list", "data": [{"id": "instant"}]}),
+                generate=json.dumps(
+                    {
+                        "text": "ok",
+                        "meta_info": {
+                            "prompt_tokens": 8,
+                            "completion_tokens": 4,
+                            "cached_tokens": 0,
+                        },
+                    }
+                ),
+            )
+        )
+        args = [exe, "-p", self.prefix, "-c", str(conf), "-e", f"{self.prefix}/error.log"]
+        self.proc = spawn([*args, "-g", "daemon off;"])
+        try:
+            for url in self.urls:
+                wait_healthy(url, 30, self.proc)
+        except (RuntimeError, TimeoutError):
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        stop([self.proc])
+        shutil.rmtree(self.prefix, ignore_errors=True)
+
+
 class Balancer:
     """nginx in the foreground with a temporary prefix: round robin over ``upstreams``."""
 
     def __init__(self, upstreams: Sequence[str]) -> None:
-        exe = shutil.which("nginx") or "/usr/sbin/nginx"
-        if not os.path.exists(exe):
-            raise SystemExit("nginx is not installed (apt-get install nginx-light)")
+        exe = _nginx_exe()
         self.prefix = tempfile.mkdtemp(prefix="kvroute-nginx-")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

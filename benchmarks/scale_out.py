@@ -18,7 +18,9 @@ namespace (``--cluster``, after FLUSHALL).
    Time scale 2x (24 req/s of wall time): what one router and 4 emulated workers sustain on
    a shared 2-core machine (see ``compare_routers.py``); the table shows the harness's own CPU
    (load generator, balancer, Redis, workers, replicas: cores busy) and the machine's.
-2. **Throughput rows**: two instant workers (``instant_worker.py``) and ``wrk`` (closed loop,
+2. **Throughput rows**: two instant workers (fixed answers from one nginx process,
+   ``_fleet.InstantWorkers``: in production the workers are GPU servers on other machines, so
+   they should take as little of this machine's CPU as possible) and ``wrk`` (closed loop,
    2 threads, 64 connections, distinct prompts sharing a prefix) against the balancer: the
    routers' ceiling with 1, 2 and 4 replicas (and 4 without index sync), best of
    ``--repeats`` interleaved runs. CPU per request of each part (replicas, nginx, Redis,
@@ -49,6 +51,7 @@ from _common import base_parser, format_ratio, ratio, write_json
 from _fleet import (
     CPUS,
     Balancer,
+    InstantWorkers,
     RedisServer,
     busy_fraction,
     children_cpu_s,
@@ -56,14 +59,13 @@ from _fleet import (
     harness_cpu_s,
     machine_jiffies,
     post_json,
-    spawn,
     start_replicas,
     stop,
     sync_lag,
 )
 
 from sim.loadgen import BenchConfig, benchmark
-from sim.local_cluster import LocalCluster, free_port, wait_healthy
+from sim.local_cluster import LocalCluster
 from sim.report import markdown_table
 from sim.workloads import GSPConfig, GSPWorkload
 
@@ -205,7 +207,7 @@ def throughput_row(
             "routers": procs,
             "balancer": [balancer.proc],
             "redis": [store.proc],
-            "workers": [p for _, p in workers],
+            "workers": list({p.pid: p for _, p in workers}.values()),  # one nginx serves all
         }
         cpu_before = {name: group_cpu_s(group) for name, group in parts.items()}
         wrk_before, before = children_cpu_s(), machine_jiffies()
@@ -381,15 +383,11 @@ def run_workload(args: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 def run_throughput(args: Any) -> list[dict[str, Any]]:
     """Every row ``--repeats`` times, interleaved; each row keeps its best run (other jobs on
     a shared machine only ever slow a run down)."""
-    ports = [free_port(), free_port()]
-    workers = [spawn([sys.executable, str(HERE / "instant_worker.py"), str(p)]) for p in ports]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    workers = InstantWorkers(2)
     runs: dict[str, list[dict[str, Any]]] = {spec.label: [] for spec in ROWS}
     store = RedisServer()
     try:
-        for url, proc in zip(urls, workers, strict=True):
-            wait_healthy(url, 30, proc)
-        pool = list(zip(urls, workers, strict=True))
+        pool = [(url, workers.proc) for url in workers.urls]
         for repeat in range(args.repeats):
             for spec in ROWS:
                 print(f"throughput: {spec.label} (run {repeat + 1}) ...", file=sys.stderr)
@@ -400,7 +398,7 @@ def run_throughput(args: Any) -> list[dict[str, Any]]:
                 print(f"  {runs[spec.label][-1]}", file=sys.stderr, flush=True)
     finally:
         store.stop()
-        stop(workers)
+        workers.stop()
     rows = []
     for spec in ROWS:
         done = [r for r in runs[spec.label] if "error" not in r]
@@ -432,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rps_rows:
         print(
             f"## Router throughput: wrk -t2 -c{args.connections} {args.seconds:g} s through nginx, "
-            f"2 instant workers, best of {args.repeats}\n"
+            f"2 instant workers (nginx), best of {args.repeats}\n"
         )
         print(markdown_table(rps_rows, THROUGHPUT_COLUMNS) + "\n")
     print(verdict_text(v) + "\n")
