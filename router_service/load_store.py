@@ -226,7 +226,8 @@ class FallbackStore:
     async def _call(self, op: str, *args: Any) -> Any:
         if not self.degraded:
             try:
-                return await asyncio.wait_for(getattr(self.redis, op)(*args), self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):  # no extra task, unlike wait_for
+                    return await getattr(self.redis, op)(*args)
             except (RedisError, OSError, TimeoutError) as exc:
                 self._degrade(exc)
         self.fallbacks += 1
@@ -273,7 +274,8 @@ class FallbackStore:
         else:
             with contextlib.suppress(RedisError, OSError, TimeoutError):
                 # If Redis is gone the reservation decays away there on its own.
-                await asyncio.wait_for(self.redis.release(reservation), self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):
+                    await self.redis.release(reservation)
 
     async def remove(self, worker: str) -> None:
         await self.embedded.remove(worker)
