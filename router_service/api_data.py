@@ -8,7 +8,6 @@ import aiohttp
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
 
 from router_service.api_schema import (
     CHAT_BODY,
@@ -26,7 +25,7 @@ from router_service.proxy import forward, read_body, route_only
 from router_service.request_parsing import detect_kind, load_json, parse_body
 from router_service.state import ServiceState
 
-__all__ = ["router"]
+__all__ = ["DATA_PLANE", "router"]
 
 router = APIRouter()
 
@@ -36,20 +35,14 @@ def _state(request: Request) -> ServiceState:
     return state
 
 
-def data_plane_routes(state: ServiceState) -> list[Route]:
-    """The proxied routes as plain Starlette routes bound to ``state``."""
-
-    def bind(kind: str, path: str) -> Route:
-        async def endpoint(request: Request) -> Response:
-            return await forward(state, request, kind, path)
-
-        return Route(path, endpoint, methods=["POST"], include_in_schema=False)
-
-    return [
-        bind("generate", "/generate"),
-        bind("completions", "/v1/completions"),
-        bind("chat", "/v1/chat/completions"),
-    ]
+# The proxied routes: path -> (request kind, the worker's path). ``app.KVRouteApp`` answers
+# them before FastAPI's middleware stack; the FastAPI declarations below are for the schema
+# (and serve a request only if the fast path is bypassed, e.g. under a root path).
+DATA_PLANE: dict[str, tuple[str, str]] = {
+    "/generate": ("generate", "/generate"),
+    "/v1/completions": ("completions", "/v1/completions"),
+    "/v1/chat/completions": ("chat", "/v1/chat/completions"),
+}
 
 
 _DATA_ERRORS = errors(400, 413, 429, 502, 503, 504)

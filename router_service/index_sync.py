@@ -13,8 +13,8 @@ writes in pipelined batches. Both directions coalesce: the publisher waits ``coa
 (5 ms) after the first queued event, and the subscriber the same after a read that drained
 the stream, so that under load one Redis round trip carries many events instead of one
 (a round trip costs the replica far more CPU than applying an event). That adds at most
-about twice ``coalesce_s`` to the sync lag. While Redis is unreachable events are dropped (counted); the
-index then only knows this replica's own routing until Redis is back.
+about twice ``coalesce_s`` to the sync lag. While Redis is unreachable events are dropped
+(counted); the index then only knows this replica's own routing until Redis is back.
 """
 
 from __future__ import annotations
