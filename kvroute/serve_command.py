@@ -109,6 +109,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         http="httptools",
         log_level=settings.log_level,
         access_log=False,
+        # The router never reads the client address, so X-Forwarded-* parsing is pure cost.
+        proxy_headers=False,
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
     )
     _DrainingServer(config, app.state.kvroute).run()

@@ -155,7 +155,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: ServiceState = app.state.kvroute
     settings = state.settings
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
-    state.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    # No cookie jar: a cookie one worker sets must not ride along on other clients' requests.
+    state.session = aiohttp.ClientSession(
+        connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+    )
     await state.store.start()
     await _restore_models(state)
     await asyncio.wait_for(state.pool.check_all(), settings.health_timeout_s + 1.0)

@@ -36,6 +36,7 @@ class Received:
     raw: bytes
     body: dict[str, Any]
     at_s: float = field(default_factory=time.monotonic)
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class FakeWorker:
@@ -56,6 +57,7 @@ class FakeWorker:
         self.chunks = chunks
         self.health_status = 200
         self.fail_status: int | None = None  # answer data-plane requests with this error
+        self.set_cookie: str | None = None  # a Set-Cookie header on every non-streamed answer
         self.host = host
         self.port = 0
         self.received: list[Received] = []
@@ -143,7 +145,7 @@ class FakeWorker:
         raw = await request.read()
         body = json.loads(raw)
         with self._lock:
-            self.received.append(Received(request.path, raw, body))
+            self.received.append(Received(request.path, raw, body, headers=dict(request.headers)))
         if self.delay_s > 0:
             await asyncio.sleep(self.delay_s)
         return body
@@ -160,7 +162,8 @@ class FakeWorker:
         raw = json.dumps(payload, indent=1, sort_keys=False).encode() + b"\n"
         with self._lock:
             self.responses.append(raw)
-        return web.Response(body=raw, content_type="application/json")
+        headers = {"Set-Cookie": self.set_cookie} if self.set_cookie else None
+        return web.Response(body=raw, content_type="application/json", headers=headers)
 
     async def _sse(self, request: web.Request, events: list[dict[str, Any]]) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

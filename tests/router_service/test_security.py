@@ -265,3 +265,30 @@ def test_prompt_text_reaches_the_logs_only_when_enabled(
         router.client.post("/generate", json={"text": canary, "stream": "bad"})
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert (canary in logged) is log_prompts
+
+
+# -- no state shared between clients ------------------------------------------------------------
+def test_a_cookie_a_worker_sets_never_reaches_another_clients_request(
+    routers: Callable[..., RouterServer], two_workers: tuple[FakeWorker, FakeWorker]
+) -> None:
+    """The router's pooled client keeps no cookie jar: a worker's Set-Cookie goes back to
+    the client that got the answer, and is not replayed on anybody else's requests."""
+    w0, w1 = two_workers
+    for w in two_workers:
+        w.set_cookie = f"session=secret-of-{w.name}; Path=/"
+    # By host name: aiohttp's default jar would ignore cookies from IP addresses anyway.
+    urls = [w.url.replace("127.0.0.1", "localhost") for w in two_workers]
+    router = routers(worker_urls=urls, policy="round_robin")
+    first = router.client.post("/generate", json={"text": "client one"})
+    assert first.status_code == 200
+    assert "secret-of-" in first.headers["set-cookie"]  # passed through to its client
+    router.client.cookies.clear()  # the test client would otherwise send it back itself
+    for i in range(4):  # round robin: both workers see a request after the first answer
+        resp = router.client.post("/generate", json={"text": f"client two, request {i}"})
+        assert resp.status_code == 200
+        router.client.cookies.clear()
+    received = w0.received + w1.received
+    assert len(received) == 5
+    assert all("cookie" not in {k.lower() for k in r.headers} for r in received), [
+        r.headers for r in received
+    ]
