@@ -33,7 +33,7 @@ from router_service.api_data import router as data_router
 from router_service.api_schema import install_openapi
 from router_service.breaker import BreakerSettings
 from router_service.decisions import DecisionLog
-from router_service.errors import ServiceError, error_response
+from router_service.errors import ServiceError, error_response, internal_error_response
 from router_service.index_sync import IndexSync
 from router_service.load_store import make_store
 from router_service.metrics import Metrics
@@ -208,9 +208,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> Response:
-        return error_response(
-            exc.status, exc.message, error_type=exc.error_type, field=exc.field, headers=exc.headers
-        )
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
@@ -240,9 +238,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return error_response(
-            500, "internal router error; see the router's log", error_type="internal_error"
-        )
+        return internal_error_response()
 
 
 def _methods_on(app: FastAPI, path: str) -> list[str]:
@@ -279,18 +275,10 @@ class KVRouteApp(FastAPI):
         try:
             response = await forward(self.state.kvroute, request, kind, path)
         except ServiceError as exc:
-            response = error_response(
-                exc.status,
-                exc.message,
-                error_type=exc.error_type,
-                field=exc.field,
-                headers=exc.headers,
-            )
+            response = exc.response()
         except Exception:
             log.exception("unexpected error on POST %s", scope["path"])
-            response = error_response(
-                500, "internal router error; see the router's log", error_type="internal_error"
-            )
+            response = internal_error_response()
         await response(scope, receive, send)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-__all__ = ["ServiceError", "error_response"]
+__all__ = ["ServiceError", "error_response", "internal_error_response"]
 
 
 class ServiceError(Exception):
@@ -28,6 +28,15 @@ class ServiceError(Exception):
         self.field = field
         self.headers = headers or {}
 
+    def response(self) -> JSONResponse:
+        return error_response(
+            self.status,
+            self.message,
+            error_type=self.error_type,
+            field=self.field,
+            headers=self.headers,
+        )
+
 
 def error_response(
     status: int,
@@ -42,3 +51,10 @@ def error_response(
         "error": {"message": message, "type": error_type, "param": field, "code": status}
     }
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def internal_error_response() -> JSONResponse:
+    """What a client sees of a bug: a 500 that points to the log, never a traceback."""
+    return error_response(
+        500, "internal router error; see the router's log", error_type="internal_error"
+    )

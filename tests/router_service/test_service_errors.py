@@ -186,3 +186,32 @@ def test_worker_timeout_is_504_json(
     resp = router.client.post("/generate", json={"text": "hi"})
     assert resp.status_code == 504
     assert _error(resp)["type"] == "upstream_timeout"
+
+
+def test_a_bug_on_the_data_plane_is_a_logged_json_500_not_a_traceback(
+    two_workers: tuple[FakeWorker, FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The proxied routes skip FastAPI's middleware stack (``KVRouteApp``), so they must turn
+    an unexpected exception into the same JSON 500 the stack would, and log it."""
+    from starlette.testclient import TestClient
+
+    import router_service.app as app_module
+    from router_service.settings import load_settings
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug in the proxy")
+
+    monkeypatch.setattr(app_module, "forward", broken)
+    app = app_module.create_app(load_settings(worker_urls=[w.url for w in two_workers]))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+            resp = client.post(path, json={"text": "hi", "prompt": "hi", "messages": []})
+            assert resp.status_code == 500, (path, resp.text)
+            assert resp.json()["error"]["type"] == "internal_error"
+            assert "a bug in the proxy" not in resp.text
+            assert "Traceback" not in resp.text
+        # Everything else still goes through FastAPI.
+        assert client.get("/health").status_code == 200
+    assert "a bug in the proxy" in caplog.text
