@@ -101,7 +101,7 @@ class RedisServer:
         stop([self.proc])
 
 
-_NGINX_CONF = """\
+_NGINX_HEAD = """\
 {user}worker_processes 1;
 pid {prefix}/nginx.pid;
 error_log {prefix}/error.log warn;
@@ -113,6 +113,11 @@ http {{
     fastcgi_temp_path {prefix}/fastcgi;
     uwsgi_temp_path {prefix}/uwsgi;
     scgi_temp_path {prefix}/scgi;
+"""
+
+_NGINX_CONF = (
+    _NGINX_HEAD
+    + """\
     upstream routers {{
 {servers}
         keepalive 256;
@@ -131,20 +136,12 @@ http {{
     }}
 }}
 """
+)
 
 
-_INSTANT_CONF = """\
-{user}worker_processes 1;
-pid {prefix}/nginx.pid;
-error_log {prefix}/error.log warn;
-events {{ worker_connections 8192; }}
-http {{
-    access_log off;
-    client_body_temp_path {prefix}/body;
-    proxy_temp_path {prefix}/proxy;
-    fastcgi_temp_path {prefix}/fastcgi;
-    uwsgi_temp_path {prefix}/uwsgi;
-    scgi_temp_path {prefix}/scgi;
+_INSTANT_CONF = (
+    _NGINX_HEAD
+    + """\
     keepalive_requests 1000000;
     client_max_body_size 64m;
     default_type application/json;
@@ -161,90 +158,26 @@ http {{
     }}
 }}
 """
+)
 
 
-def _nginx_exe() -> str:
-    exe = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not os.path.exists(exe):
-        raise SystemExit("nginx is not installed (apt-get install nginx-light)")
-    return exe
+class _Nginx:
+    """nginx in the foreground with a temporary prefix, configured from ``template``;
+    ``urls`` answer /health before the constructor returns."""
 
-
-class InstantWorkers:
-    """``count`` workers that answer at once, served by one nginx process on as many ports.
-
-    What ``instant_worker.py`` answers (SGLang's /health, /get_model_info, /get_server_info,
-    /v1/models, non-streaming /generate and /v1/completions) as fixed responses, for benchmarks
-    that measure the routers' own ceiling: in production the workers are GPU servers on other
-    machines, so the less CPU they take from this one, the closer the figure is to what the
-    routers alone can do. nginx answers a request in a few microseconds of CPU, where a Python
-    server takes a good part of a millisecond.
-    """
-
-    def __init__(self, count: int) -> None:
-        exe = _nginx_exe()
-        self.prefix = tempfile.mkdtemp(prefix="kvroute-instant-")
-        self.ports = [free_port() for _ in range(count)]
-        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
-        conf = Path(self.prefix) / "nginx.conf"
-        conf.write_text(
-            _INSTANT_CONF.format(
-                user="user root;\n" if os.geteuid() == 0 else "",
-                prefix=self.prefix,
-                listen="\n".join(f"        listen 127.0.0.1:{p};" for p in self.ports),
-                info=json.dumps({"model_path": "instant", "is_generation": True}),
-                models=json.dumps({"object": "list", "data": [{"id": "instant"}]}),
-                generate=json.dumps(
-                    {
-                        "text": "ok",
-                        "meta_info": {
-                            "prompt_tokens": 8,
-                            "completion_tokens": 4,
-                            "cached_tokens": 0,
-                        },
-                    }
-                ),
-            )
-        )
-        args = [exe, "-p", self.prefix, "-c", str(conf), "-e", f"{self.prefix}/error.log"]
-        self.proc = spawn([*args, "-g", "daemon off;"])
-        try:
-            for url in self.urls:
-                wait_healthy(url, 30, self.proc)
-        except (RuntimeError, TimeoutError):
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        stop([self.proc])
-        shutil.rmtree(self.prefix, ignore_errors=True)
-
-
-class Balancer:
-    """nginx in the foreground with a temporary prefix: round robin over ``upstreams``."""
-
-    def __init__(self, upstreams: Sequence[str]) -> None:
-        exe = _nginx_exe()
+    def __init__(self, template: str, urls: Sequence[str], **fields: str) -> None:
+        exe = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not os.path.exists(exe):
+            raise SystemExit("nginx is not installed (apt-get install nginx-light)")
         self.prefix = tempfile.mkdtemp(prefix="kvroute-nginx-")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        # max_fails=0: one failed request must not take a replica out of the rotation for 10 s.
-        servers = "\n".join(
-            f"        server {u.removeprefix('http://')} max_fails=0;" for u in upstreams
-        )
         conf = Path(self.prefix) / "nginx.conf"
-        conf.write_text(
-            _NGINX_CONF.format(
-                user="user root;\n" if os.geteuid() == 0 else "",
-                prefix=self.prefix,
-                servers=servers,
-                port=self.port,
-            )
-        )
+        user = "user root;\n" if os.geteuid() == 0 else ""
+        conf.write_text(template.format(user=user, prefix=self.prefix, **fields))
         args = [exe, "-p", self.prefix, "-c", str(conf), "-e", f"{self.prefix}/error.log"]
         self.proc = spawn([*args, "-g", "daemon off;"])
         try:
-            wait_healthy(self.url, 30, self.proc)
+            for url in urls:
+                wait_healthy(url, 30, self.proc)
         except (RuntimeError, TimeoutError):
             self.stop()
             raise
@@ -260,6 +193,49 @@ class Balancer:
     def stop(self) -> None:
         stop([self.proc])
         shutil.rmtree(self.prefix, ignore_errors=True)
+
+
+_INSTANT_GENERATE = {
+    "text": "ok",
+    "meta_info": {"prompt_tokens": 8, "completion_tokens": 4, "cached_tokens": 0},
+}
+
+
+class InstantWorkers(_Nginx):
+    """``count`` workers that answer at once, served by one nginx process on as many ports.
+
+    What ``instant_worker.py`` answers (SGLang's /health, /get_model_info, /get_server_info,
+    /v1/models, non-streaming /generate and /v1/completions) as fixed responses, for benchmarks
+    that measure the routers' own ceiling: in production the workers are GPU servers on other
+    machines, so the less CPU they take from this one, the closer the figure is to what the
+    routers alone can do. nginx answers a request in a few microseconds of CPU, where a Python
+    server takes a good part of a millisecond.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.ports = [free_port() for _ in range(count)]
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        super().__init__(
+            _INSTANT_CONF,
+            self.urls,
+            listen="\n".join(f"        listen 127.0.0.1:{p};" for p in self.ports),
+            info=json.dumps({"model_path": "instant", "is_generation": True}),
+            models=json.dumps({"object": "list", "data": [{"id": "instant"}]}),
+            generate=json.dumps(_INSTANT_GENERATE),
+        )
+
+
+class Balancer(_Nginx):
+    """Round robin over ``upstreams`` (keep-alive, no buffering, so SSE streams pass)."""
+
+    def __init__(self, upstreams: Sequence[str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # max_fails=0: one failed request must not take a replica out of the rotation for 10 s.
+        servers = "\n".join(
+            f"        server {u.removeprefix('http://')} max_fails=0;" for u in upstreams
+        )
+        super().__init__(_NGINX_CONF, [self.url], servers=servers, port=str(self.port))
 
 
 def start_replicas(
