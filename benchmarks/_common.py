@@ -99,3 +99,21 @@ def format_ratio(numerator: float | None, denominator: float | None) -> str:
         return "inf" if numerator > 0 else "n/a"
     value = numerator / denominator
     return "inf" if math.isinf(value) else f"{value:.2f}x"
+
+
+def add_gsp_fleet_args(parser: argparse.ArgumentParser) -> None:
+    """The emulated-fleet GSP options that ``compare_routers`` and ``scale_out`` share."""
+    parser.add_argument("--groups", type=int, default=None, help="GSP groups (default 128)")
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per group (32)")
+    parser.add_argument("--rate", type=float, default=12.0, help="requests/s, emulated")
+    parser.add_argument("--time-scale", type=float, default=2.0, help="emulated/real speed")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def check_gsp_fleet_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fill the GSP size defaults (32x8 with ``--quick``) and refuse non-positive values."""
+    args.groups = args.groups or (32 if args.quick else 128)
+    args.prompts = args.prompts or (8 if args.quick else 32)
+    if min(args.groups, args.prompts, args.workers) < 1 or args.rate <= 0 or args.time_scale <= 0:
+        parser.error("--groups, --prompts, --workers, --rate and --time-scale must be positive")

@@ -43,7 +43,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import aiohttp
-from _common import base_parser, format_ratio, ratio, write_json
+from _common import (
+    add_gsp_fleet_args,
+    base_parser,
+    check_gsp_fleet_args,
+    format_ratio,
+    ratio,
+    write_json,
+)
 
 from sim.loadgen import BenchConfig, benchmark
 from sim.local_cluster import LocalCluster
@@ -245,21 +252,12 @@ def verdict_text(v: dict[str, Any]) -> str:
 # -- main ----------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None) -> Any:
     parser = base_parser(NAME, __doc__)
-    parser.add_argument("--groups", type=int, default=None, help="GSP groups (default 128)")
-    parser.add_argument("--prompts", type=int, default=None, help="prompts per group (32)")
-    parser.add_argument("--rate", type=float, default=12.0, help="requests/s, emulated")
-    parser.add_argument("--time-scale", type=float, default=2.0, help="emulated/real speed")
-    parser.add_argument("--workers", type=int, default=4)
+    add_gsp_fleet_args(parser)
     parser.add_argument("--capacity-tokens", type=int, default=None, help="default: profile")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", default=None, help="PNG path (default: next to --out)")
     parser.add_argument("--log-dir", default=None, help="keep worker and router logs here")
     args = parser.parse_args(argv)
-    quick_groups, quick_prompts = (32, 8) if args.quick else (128, 32)
-    args.groups = args.groups or quick_groups
-    args.prompts = args.prompts or quick_prompts
-    if min(args.groups, args.prompts, args.workers) < 1 or args.rate <= 0 or args.time_scale <= 0:
-        parser.error("--groups, --prompts, --workers, --rate and --time-scale must be positive")
+    check_gsp_fleet_args(parser, args)
     args.plot = args.plot or str(args.out.with_suffix(".png"))
     return args
 

@@ -47,7 +47,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import base_parser, format_ratio, ratio, write_json
+from _common import (
+    add_gsp_fleet_args,
+    base_parser,
+    check_gsp_fleet_args,
+    format_ratio,
+    ratio,
+    write_json,
+)
 from _fleet import (
     CPUS,
     Balancer,
@@ -325,25 +332,17 @@ def verdict_text(v: dict[str, Any]) -> str:
 # -- main --------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None) -> Any:
     parser = base_parser(NAME, __doc__)
-    parser.add_argument("--groups", type=int, default=None, help="GSP groups (default 128)")
-    parser.add_argument("--prompts", type=int, default=None, help="prompts per group (32)")
-    parser.add_argument("--rate", type=float, default=12.0, help="requests/s, emulated")
-    parser.add_argument("--time-scale", type=float, default=2.0, help="emulated/real speed")
-    parser.add_argument("--workers", type=int, default=4)
+    add_gsp_fleet_args(parser)
     parser.add_argument("--seconds", type=float, default=None, help="wrk duration (15)")
     parser.add_argument("--connections", type=int, default=64, help="wrk connections")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-pin", action="store_true", help="let the replicas float")
     parser.add_argument("--repeats", type=int, default=None, help="wrk runs per row (2)")
     parser.add_argument("--skip-workload", action="store_true", help="throughput rows only")
     parser.add_argument("--skip-throughput", action="store_true", help="workload rows only")
     args = parser.parse_args(argv)
-    args.groups = args.groups or (32 if args.quick else 128)
-    args.prompts = args.prompts or (8 if args.quick else 32)
+    check_gsp_fleet_args(parser, args)
     args.seconds = args.seconds or (5.0 if args.quick else 15.0)
     args.repeats = args.repeats or (1 if args.quick else 2)
-    if min(args.groups, args.prompts, args.workers) < 1 or args.rate <= 0 or args.time_scale <= 0:
-        parser.error("--groups, --prompts, --workers, --rate and --time-scale must be positive")
     return args
 
 
