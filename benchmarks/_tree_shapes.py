@@ -1,4 +1,5 @@
-"""Seeded tree shapes for the eviction-cost benchmarks (reference cache and SGLang).
+"""Seeded tree shapes for the eviction-cost benchmarks (reference cache and SGLang), and the
+summary row both benchmarks print.
 
 Each builder returns the insert sequence of a ~``target``-token radix tree, as token keys
 (``sim.tokens``: one character per token id); ``engine_ext.cache.keys.key_to_ids`` turns a key
@@ -8,13 +9,16 @@ virtualenv (no River) can use it too.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+from _common import format_ratio, ratio
 
 from sim.tokens import random_tokens
 
-__all__ = ["SHAPES", "KeyBuilder", "chat_keys", "gsp_keys", "longdoc_keys"]
+__all__ = ["SHAPES", "KeyBuilder", "chat_keys", "eviction_row", "gsp_keys", "longdoc_keys"]
 
 KeyBuilder = Callable[[np.random.Generator, int], list[str]]
 
@@ -78,3 +82,34 @@ def longdoc_keys(gen: np.random.Generator, target: int) -> list[str]:
 
 
 SHAPES: dict[str, KeyBuilder] = {"gsp": gsp_keys, "chat": chat_keys, "longdoc": longdoc_keys}
+
+
+def eviction_row(
+    shape: str,
+    tokens: int,
+    samples: dict[str, dict[str, list[int]]],
+    target_ratio: float,
+) -> dict[str, Any]:
+    """One (shape, evict size) row: per policy the median ns per freed token, the median call
+    time, tokens freed; ``rlt`` over ``lru`` and whether it meets ``target_ratio``.
+
+    ``samples[policy]`` holds ``ns`` (timed calls) and ``freed`` per repetition, and
+    optionally ``wall_ns`` (wall time, when ``ns`` is CPU time).
+    """
+    row: dict[str, Any] = {"shape": shape, "evict_tokens": tokens}
+    for policy, got in samples.items():
+        ns, freed = got["ns"], got["freed"]
+        per_token = [n / f for n, f in zip(ns, freed, strict=True) if f]
+        row[f"{policy}_ns_per_token"] = round(statistics.median(per_token), 1)
+        row[f"{policy}_median_ms"] = round(statistics.median(ns) / 1e6, 3)
+        row[f"{policy}_freed_median"] = int(statistics.median(freed))
+        row[f"{policy}_freed_min"] = min(freed)
+        row[f"{policy}_freed_max"] = max(freed)
+        if got.get("wall_ns"):
+            row[f"{policy}_wall_median_ms"] = round(statistics.median(got["wall_ns"]) / 1e6, 3)
+        row[f"{policy}_samples_ns"] = ns
+    rlt, lru = row["rlt_ns_per_token"], row["lru_ns_per_token"]
+    row["rlt_over_lru"] = ratio(rlt, lru)
+    row["rlt_over_lru_text"] = format_ratio(rlt, lru)
+    row["meets_target"] = "yes" if rlt <= target_ratio * lru else "no"
+    return row

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import gc
 import random
-import statistics
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from _common import base_parser, format_ratio, ratio, write_json
+from _common import base_parser, write_json
 from _tree_shapes import SHAPES as TREE_SHAPES
+from _tree_shapes import eviction_row
 
 from engine_ext.cache import RadixCache
 from sim.report import markdown_table
@@ -90,21 +90,7 @@ def measure_point(
 def summarize_point(
     shape: str, tokens: int, samples: dict[str, dict[str, list[int]]]
 ) -> dict[str, Any]:
-    row: dict[str, Any] = {"shape": shape, "evict_tokens": tokens}
-    for policy in POLICIES:
-        ns, freed = samples[policy]["ns"], samples[policy]["freed"]
-        per_token = [n / f for n, f in zip(ns, freed, strict=True) if f]
-        row[f"{policy}_ns_per_token"] = round(statistics.median(per_token), 1)
-        row[f"{policy}_median_ms"] = round(statistics.median(ns) / 1e6, 3)
-        row[f"{policy}_freed_median"] = int(statistics.median(freed))
-        row[f"{policy}_freed_min"] = min(freed)
-        row[f"{policy}_freed_max"] = max(freed)
-        row[f"{policy}_samples_ns"] = ns
-    rlt, lru = row["rlt_ns_per_token"], row["lru_ns_per_token"]
-    row["rlt_over_lru"] = ratio(rlt, lru)
-    row["rlt_over_lru_text"] = format_ratio(rlt, lru)
-    row["meets_target"] = "yes" if rlt <= TARGET_RATIO * lru else "no"
-    return row
+    return eviction_row(shape, tokens, samples, TARGET_RATIO)
 
 
 COLUMNS = (

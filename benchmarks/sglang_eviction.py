@@ -28,7 +28,6 @@ few system prompts, some forked), ``longdoc`` (a dozen ~8k-token documents).
 from __future__ import annotations
 
 import gc
-import statistics
 import sys
 import time
 from array import array
@@ -45,9 +44,9 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import base_parser, format_ratio, ratio, write_json
+from _common import base_parser, write_json
 from _tree_shapes import SHAPES as TREE_SHAPES
-from _tree_shapes import KeyBuilder
+from _tree_shapes import KeyBuilder, eviction_row
 
 from engine_ext.cache.keys import key_to_ids
 from engine_ext.sglang_rlt import RLTRadixCache
@@ -175,21 +174,7 @@ def measure_point(
 def summarize_point(
     shape: str, tokens: int, samples: dict[str, dict[str, list[int]]]
 ) -> dict[str, Any]:
-    row: dict[str, Any] = {"shape": shape, "evict_tokens": tokens}
-    for policy in POLICIES:
-        ns, freed = samples[policy]["ns"], samples[policy]["freed"]
-        per_token = [n / f for n, f in zip(ns, freed, strict=True) if f]
-        row[f"{policy}_ns_per_token"] = round(statistics.median(per_token), 1)
-        row[f"{policy}_median_ms"] = round(statistics.median(ns) / 1e6, 3)
-        row[f"{policy}_freed_median"] = int(statistics.median(freed))
-        wall = statistics.median(samples[policy]["wall_ns"])
-        row[f"{policy}_wall_median_ms"] = round(wall / 1e6, 3)
-        row[f"{policy}_samples_ns"] = ns
-    rlt, lru = row["rlt_ns_per_token"], row["lru_ns_per_token"]
-    row["rlt_over_lru"] = ratio(rlt, lru)
-    row["rlt_over_lru_text"] = format_ratio(rlt, lru)
-    row["meets_target"] = "yes" if rlt <= TARGET_RATIO * lru else "no"
-    return row
+    return eviction_row(shape, tokens, samples, TARGET_RATIO)
 
 
 COLUMNS = (
