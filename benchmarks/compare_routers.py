@@ -55,7 +55,7 @@ from _common import (
 from sim.loadgen import BenchConfig, benchmark
 from sim.local_cluster import LocalCluster
 from sim.plots import plot_rows
-from sim.report import markdown_table
+from sim.report import FLEET_METRIC_COLUMNS, markdown_table
 from sim.workloads import GSPConfig, GSPWorkload
 
 NAME = "compare_routers"
@@ -72,14 +72,7 @@ TARGET_P50_RATIO = 0.5  # ours / baseline
 COLUMNS = (
     ("router", "router", "{}"),
     ("policy", "policy", "{}"),
-    ("eviction", "eviction", "{}"),
-    ("hit rate", "hit_rate", "{:.3f}"),
-    ("p50 lat (s)", "p50_latency_s", "{:.2f}"),
-    ("p95 lat (s)", "p95_latency_s", "{:.2f}"),
-    ("p50 TTFT (s)", "p50_ttft_s", "{:.2f}"),
-    ("p95 TTFT (s)", "p95_ttft_s", "{:.2f}"),
-    ("req/s", "throughput_rps", "{:.2f}"),
-    ("done", "completed", "{}"),
+    *FLEET_METRIC_COLUMNS,
     ("failed", "failed", "{}"),
     ("CPU (cores)", "harness_cores", "{:.2f}"),
     ("machine busy", "machine_busy", "{:.0%}"),

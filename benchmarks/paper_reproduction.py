@@ -29,7 +29,7 @@ from _common import base_parser, format_ratio, ratio, write_json
 
 from sim.cluster import ClusterConfig, simulate
 from sim.profiles import get_profile
-from sim.report import markdown_table, summarize
+from sim.report import FLEET_METRIC_COLUMNS, markdown_table, summarize
 from sim.workloads import GSPConfig, GSPWorkload
 
 NAME = "paper_reproduction"
@@ -211,18 +211,7 @@ def _meets(rlt: float, lru: float, target: float) -> str:
     return "yes" if rlt / lru >= target else "no"
 
 
-FLEET_COLUMNS = (
-    ("policy", "label", "{}"),
-    ("eviction", "eviction", "{}"),
-    ("hit rate", "hit_rate", "{:.3f}"),
-    ("p50 lat (s)", "p50_latency_s", "{:.2f}"),
-    ("p95 lat (s)", "p95_latency_s", "{:.2f}"),
-    ("p50 TTFT (s)", "p50_ttft_s", "{:.2f}"),
-    ("p95 TTFT (s)", "p95_ttft_s", "{:.2f}"),
-    ("req/s", "throughput_rps", "{:.2f}"),
-    ("done", "completed", "{}"),
-    ("failed", "failed", "{}"),
-)
+FLEET_COLUMNS = (("policy", "label", "{}"), *FLEET_METRIC_COLUMNS, ("failed", "failed", "{}"))
 
 
 def _find(rows: Sequence[dict[str, Any]], label: str, eviction: str) -> dict[str, Any]:

@@ -11,23 +11,13 @@ from _common import format_ratio, ratio
 from reproduction_notes import differences, headline_verdict, setup
 
 from sim.profiles import get_profile
-from sim.report import markdown_table
+from sim.report import FLEET_METRIC_COLUMNS, markdown_table
 
 PAPER = {"hit": 6.92, "p50": 11.96, "ttft": 14.06, "throughput": 0.774}
 MAIN = ("gsp", "sharegpt", "ultrachat", "loogle")
 POLICY_ORDER = ("random", "round_robin", "cache_aware", "lbgr")
 NOT_GIVEN = "not given here"
-FLEET_COLUMNS = (
-    ("policy", "policy", "{}"),
-    ("eviction", "eviction", "{}"),
-    ("hit rate", "hit_rate", "{:.3f}"),
-    ("p50 lat (s)", "p50_latency_s", "{:.2f}"),
-    ("p95 lat (s)", "p95_latency_s", "{:.2f}"),
-    ("p50 TTFT (s)", "p50_ttft_s", "{:.2f}"),
-    ("p95 TTFT (s)", "p95_ttft_s", "{:.2f}"),
-    ("req/s", "throughput_rps", "{:.2f}"),
-    ("done", "completed", "{}"),
-)
+FLEET_COLUMNS = (("policy", "policy", "{}"), *FLEET_METRIC_COLUMNS)
 
 
 def _rows(rows: Sequence[dict[str, Any]], table: str) -> list[dict[str, Any]]:

@@ -9,10 +9,10 @@ import numpy as np
 
 from sim.cluster import SimRun
 
-__all__ = ["markdown_table", "percentile_s", "summarize"]
+__all__ = ["FLEET_METRIC_COLUMNS", "markdown_table", "percentile_s", "summarize"]
 
-TABLE_COLUMNS = (
-    ("policy", "policy", "{}"),
+# (header, key, format) of a fleet run's summary, after the column(s) naming the run.
+FLEET_METRIC_COLUMNS = (
     ("eviction", "eviction", "{}"),
     ("hit rate", "hit_rate", "{:.3f}"),
     ("p50 lat (s)", "p50_latency_s", "{:.2f}"),
@@ -21,8 +21,8 @@ TABLE_COLUMNS = (
     ("p95 TTFT (s)", "p95_ttft_s", "{:.2f}"),
     ("req/s", "throughput_rps", "{:.2f}"),
     ("done", "completed", "{}"),
-    ("failed", "failed", "{}"),
 )
+TABLE_COLUMNS = (("policy", "policy", "{}"), *FLEET_METRIC_COLUMNS, ("failed", "failed", "{}"))
 
 
 def percentile_s(values_ms: Sequence[float], q: float) -> float | None:
