@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from contracts import DESIGN_7_KEYS
 
 from kvroute.cli import main
 
@@ -26,21 +27,6 @@ SMALL = [
     "50",
     "--no-progress",
 ]
-DESIGN_7_KEYS = {
-    "policy",
-    "eviction",
-    "workers",
-    "requests",
-    "completed",
-    "failed",
-    "hit_rate",
-    "p50_latency_s",
-    "p95_latency_s",
-    "p50_ttft_s",
-    "p95_ttft_s",
-    "throughput_rps",
-    "per_worker",
-}
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, Any]:

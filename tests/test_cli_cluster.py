@@ -8,24 +8,9 @@ import socket
 from urllib.parse import urlsplit
 
 import pytest
+from contracts import DESIGN_7_KEYS
 
 from kvroute.cli import main
-
-DESIGN_7_KEYS = {
-    "policy",
-    "eviction",
-    "workers",
-    "requests",
-    "completed",
-    "failed",
-    "hit_rate",
-    "p50_latency_s",
-    "p95_latency_s",
-    "p50_ttft_s",
-    "p95_ttft_s",
-    "throughput_rps",
-    "per_worker",
-}
 
 
 def children() -> set[int]:

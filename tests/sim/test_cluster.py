@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+from contracts import DESIGN_7_KEYS
 
 from router_service.routing import LBGRPolicy, RouteRequest, WorkerStatus
 from sim.cluster import ClusterConfig, SimRun, simulate
@@ -109,23 +110,6 @@ def test_same_seed_gives_an_identical_json() -> None:
     reseeded = ClusterConfig(workers=3, policy="lbgr", eviction="rlt", capacity_tokens=600, seed=8)
     assert run_json(reseeded, small_gsp(seed=7)) != first
     assert run_json(config, small_gsp(seed=8)) != first
-
-
-DESIGN_7_KEYS = {
-    "policy",
-    "eviction",
-    "workers",
-    "requests",
-    "completed",
-    "failed",
-    "hit_rate",
-    "p50_latency_s",
-    "p95_latency_s",
-    "p50_ttft_s",
-    "p95_ttft_s",
-    "throughput_rps",
-    "per_worker",
-}
 
 
 @pytest.mark.parametrize("policy", ["random", "round_robin", "power_of_two", "cache_aware", "lbgr"])

@@ -1,0 +1,24 @@
+"""The contracts of ``../shared/DESIGN.md`` that several test modules check, written down once
+and independently of the code under test."""
+
+from __future__ import annotations
+
+# DESIGN 7: the keys of one run's ``--json`` summary (``kvroute sim``, ``kvroute bench``,
+# ``kvroute cluster``).
+DESIGN_7_KEYS = frozenset(
+    {
+        "policy",
+        "eviction",
+        "workers",
+        "requests",
+        "completed",
+        "failed",
+        "hit_rate",
+        "p50_latency_s",
+        "p95_latency_s",
+        "p50_ttft_s",
+        "p95_ttft_s",
+        "throughput_rps",
+        "per_worker",
+    }
+)
