@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import resource
 import sys
 import time
 from collections.abc import Sequence
@@ -51,6 +50,7 @@ from _common import (
     ratio,
     write_json,
 )
+from _fleet import busy_fraction, harness_cpu_s, machine_jiffies
 
 from sim.loadgen import BenchConfig, benchmark
 from sim.local_cluster import LocalCluster
@@ -92,41 +92,6 @@ class RowSpec:
 
 
 # -- CPU accounting (Linux /proc; None elsewhere) ----------------------------------------------
-def _stat_fields(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().rsplit(")", 1)[1].split()
-
-
-def _harness_cpu_s() -> float | None:
-    """CPU seconds used so far by this process and its children (workers, router)."""
-    try:
-        tick = os.sysconf("SC_CLK_TCK")
-        total = 0.0
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    fields = _stat_fields(int(entry))
-                except OSError:
-                    continue  # exited meanwhile
-                if int(fields[1]) == os.getpid():
-                    total += (int(fields[11]) + int(fields[12])) / tick
-    except OSError:
-        return None
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return total + usage.ru_utime + usage.ru_stime
-
-
-def _machine_jiffies() -> tuple[int, int] | None:
-    """(busy, total) jiffies of all CPUs since boot."""
-    try:
-        with open("/proc/stat") as fh:
-            values = [int(v) for v in fh.readline().split()[1:]]
-    except OSError:
-        return None
-    idle = values[3] + (values[4] if len(values) > 4 else 0)
-    return sum(values) - idle, sum(values)
-
-
 # -- one row ---------------------------------------------------------------------------------
 def measure(
     cluster: LocalCluster, spec: RowSpec, workload: GSPWorkload, time_scale: float
@@ -137,20 +102,17 @@ def measure(
     try:
         cluster.warm_up()
         config = BenchConfig(url=url, time_scale=time_scale, worker_urls=list(cluster.worker_urls))
-        cpu_before, machine_before = _harness_cpu_s(), _machine_jiffies()
+        cpu_before, machine_before = harness_cpu_s(), machine_jiffies()
         started = time.perf_counter()
         summary, results = asyncio.run(
             benchmark(list(workload), config, policy=spec.policy, eviction=spec.eviction)
         )
         wall_s = time.perf_counter() - started
-        cpu_after, machine_after = _harness_cpu_s(), _machine_jiffies()
+        cpu_after, machine_after = harness_cpu_s(), machine_jiffies()
     finally:
         cluster.stop_router()
-    if cpu_before is not None and cpu_after is not None:
-        summary["harness_cores"] = round((cpu_after - cpu_before) / wall_s, 3)
-    if machine_before is not None and machine_after is not None:
-        busy, total = (a - b for a, b in zip(machine_after, machine_before, strict=True))
-        summary["machine_busy"] = round(busy / total, 3) if total else None
+    summary["harness_cores"] = round((cpu_after - cpu_before) / wall_s, 3)
+    summary["machine_busy"] = busy_fraction(machine_before, machine_after)
     latencies = [r.latency_s for r in results if r.ok and r.latency_s is not None]
     return summary, latencies
 
