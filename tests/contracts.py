@@ -22,3 +22,18 @@ DESIGN_7_KEYS = frozenset(
         "per_worker",
     }
 )
+
+# DESIGN 5: what ``/explain`` gives for every worker (``candidates[]``).
+EXPLAIN_CANDIDATE_KEYS = frozenset(
+    {
+        "worker",
+        "cached",
+        "uncached",
+        "base_ms",
+        "queue_ms",
+        "residual_ms",
+        "predicted_ms",
+        "eligible",
+        "reason",
+    }
+)

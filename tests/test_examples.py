@@ -17,22 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from contracts import EXPLAIN_CANDIDATE_KEYS
 
 from sim.local_cluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
-CANDIDATE_FIELDS = {
-    "worker",
-    "cached",
-    "uncached",
-    "base_ms",
-    "queue_ms",
-    "residual_ms",
-    "predicted_ms",
-    "eligible",
-    "reason",
-}
 SUMMARY_FIELDS = {"policy", "eviction", "workers", "requests", "completed", "failed", "hit_rate"}
 
 
@@ -92,7 +82,7 @@ def test_explain_prints_the_dry_run_and_the_recorded_decision() -> None:
     for decision in (dry, recorded):
         assert len(decision["candidates"]) == 2
         for candidate in decision["candidates"]:
-            assert set(candidate) >= CANDIDATE_FIELDS
+            assert set(candidate) >= EXPLAIN_CANDIDATE_KEYS
         # The warm-up put the system prompt on one worker: that worker is chosen, and the
         # router knows most of the prompt is cached there.
         chosen = next(c for c in decision["candidates"] if c["worker"] == decision["chosen"])

@@ -7,21 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from contracts import EXPLAIN_CANDIDATE_KEYS
 from fake_worker import FakeWorker
 from router_harness import RouterServer, http_client
 
 DECISION_KEYS = {"decision_id", "policy", "chosen", "model", "candidates"}
-CANDIDATE_KEYS = {
-    "worker",
-    "cached",
-    "uncached",
-    "base_ms",
-    "queue_ms",
-    "residual_ms",
-    "predicted_ms",
-    "eligible",
-    "reason",
-}
 OUTCOME_KEYS = {"status", "latency_ms", "ttft_ms", "residual_target_ms", "model_error_ms"}
 LBGR_NUMBERS = ("cached", "uncached", "base_ms", "queue_ms", "residual_ms", "predicted_ms")
 
@@ -31,7 +21,7 @@ def _check_schema(decision: dict[str, Any], workers: list[str]) -> None:
     assert [c["worker"] for c in decision["candidates"]] == workers
     assert decision["chosen"] in workers
     for cand in decision["candidates"]:
-        assert cand.keys() >= CANDIDATE_KEYS
+        assert cand.keys() >= EXPLAIN_CANDIDATE_KEYS
         assert isinstance(cand["eligible"], bool)
 
 
