@@ -7,6 +7,7 @@ from models.builtin import ZeroResidual
 from models.ewmean import EWMeanResidual
 from models.online_error import RollingMAE
 from models.persistence import SnapshotError
+from models.ratio import RatioResidual
 from models.registry import (
     ModelSpec,
     ModelSpecError,
@@ -28,6 +29,7 @@ __all__ = [
     "ModelSpec",
     "ModelSpecError",
     "NoChallenger",
+    "RatioResidual",
     "ResidualModel",
     "RollingMAE",
     "ScaledLinearResidual",

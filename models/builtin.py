@@ -6,6 +6,7 @@ from river import base
 
 from models.base import Features
 from models.ewmean import EWMeanResidual
+from models.ratio import RatioResidual
 from models.registry import register_model
 from models.river_kinds import AdaptiveTreeResidual, ScaledLinearResidual
 
@@ -29,3 +30,4 @@ def register_builtins() -> None:
     register_model("none", ZeroResidual)
     register_model("linear", ScaledLinearResidual)
     register_model("tree", AdaptiveTreeResidual)
+    register_model("ratio", RatioResidual)

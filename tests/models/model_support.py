@@ -29,6 +29,7 @@ def random_features(rng: random.Random) -> dict[str, float]:
         "pending_k": rng.uniform(0.0, 30.0),
         "prompt_k": rng.uniform(0.5, 8.0),
         "max_new_k": rng.choice((0.0, 0.004, 0.256)),
+        "estimate_ms": rng.uniform(1.0, 13000.0),
     }
 
 

@@ -2,14 +2,16 @@
 
 Parametrized over ``models.model_kinds()`` at collection time, so a kind added through the
 ``kvroute.models`` entry points is checked too. The learned-offset check has one exception:
-``none`` must *stay* at 0 (it is the no-learning baseline), which is asserted explicitly.
+``none`` must *stay* at 0 (it is the no-learning baseline), which is asserted explicitly, and
+a multiplicative kind (``ratio``: latency = factor x the router's estimate) learns a constant
+*factor* instead, checked with the same tolerance on a stream of its own.
 
 Raw robustness. ``RAW_ROBUST`` lists the kinds whose own ``predict_one`` stays finite on
-extreme inputs (features and targets drawn from 1e9, 1e-9 and 0): all four built-ins do
+extreme inputs (features and targets drawn from 1e9, 1e-9 and 0): all five built-ins do
 (``ewmean`` averages, ``linear`` standardises features and clips its gradient, ``tree``
-standardises and averages in leaves, ``none`` is constant). A kind not listed is still safe
-to route with, because ``ModelBank.predict`` turns a failure, NaN or infinity into 0 and
-clamps to >= 0; that guarantee is checked for every kind.
+standardises and averages in leaves, ``ratio`` bounds its log factor, ``none`` is constant).
+A kind not listed is still safe to route with, because ``ModelBank.predict`` turns a failure,
+NaN or infinity into 0 and clamps to >= 0; that guarantee is checked for every kind.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from router_service.routing.features import FEATURE_NAMES
 
 KINDS = model_kinds()
 LEARNING_KINDS = [k for k in KINDS if k != "none"]
-RAW_ROBUST = frozenset({"ewmean", "linear", "none", "tree"})
+RAW_ROBUST = frozenset({"ewmean", "linear", "none", "ratio", "tree"})
+# Kinds that learn latency as a multiple of the estimate (feature ``estimate_ms``), not an
+# added constant: the constant-offset check becomes a constant-factor check for them.
+MULTIPLICATIVE = frozenset({"ratio"})
 EXTREMES = (1e9, 1e-9, 0.0)
 
 
@@ -51,7 +56,8 @@ def trained(kind: str, pairs: list[tuple[dict, float]]) -> Any:
 
 
 def test_the_suite_covers_the_builtins_and_real_feature_names() -> None:
-    assert {"ewmean", "linear", "tree", "none"} <= set(KINDS)
+    assert {"ewmean", "linear", "ratio", "tree", "none"} <= set(KINDS)
+    assert set(KINDS) >= MULTIPLICATIVE
     assert set(random_features(random.Random(0))) == set(FEATURE_NAMES)
     assert set(KINDS) >= RAW_ROBUST
 
@@ -118,7 +124,28 @@ def test_learns_a_constant_offset(kind: str, offset_ms: float) -> None:
     if kind == "none":
         assert preds == [0.0] * len(preds)  # the no-learning baseline never moves
         return
+    if kind in MULTIPLICATIVE:
+        # It cannot represent an added constant (that is ewmean's job; the constant-factor
+        # check below is its analogue): it learns one factor, so its residual is positive and
+        # grows with the probe's estimate.
+        probes = sorted(stream(8, 50), key=lambda pair: pair[0]["estimate_ms"])
+        ordered = [model.predict_one(x) for x, _ in probes]
+        assert ordered[0] > 0.0
+        assert ordered == sorted(ordered)
+        assert ordered[-1] > ordered[0]
+        return
     assert all(p == pytest.approx(offset_ms, rel=0.01) for p in preds), (min(preds), max(preds))
+
+
+@pytest.mark.parametrize("factor", [1.05, 2.0, 10.0])
+@pytest.mark.parametrize("kind", sorted(MULTIPLICATIVE))
+def test_multiplicative_kinds_learn_a_constant_factor(kind: str, factor: float) -> None:
+    """Their analogue of the constant offset: latency = factor x estimate, for any estimate."""
+    pairs = [(x, (factor - 1.0) * x["estimate_ms"]) for x, _ in stream(7, 300)]
+    model = trained(kind, pairs)
+    for x, _ in stream(8, 50):
+        expected = (factor - 1.0) * x["estimate_ms"]
+        assert model.predict_one(x) == pytest.approx(expected, rel=0.01)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -23,14 +23,14 @@ from models import registry as registry_module
 
 
 def test_builtin_kinds() -> None:
-    assert {"ewmean", "linear", "tree", "none"} <= set(model_kinds())
+    assert {"ewmean", "linear", "ratio", "tree", "none"} <= set(model_kinds())
     assert model_kinds() == sorted(model_kinds())
 
 
 def test_unknown_kind_lists_the_known_ones() -> None:
     with pytest.raises(ModelSpecError, match="unknown model kind 'nope'; known: ") as info:
         make_model("nope")
-    assert "ewmean, linear, none, tree" in str(info.value)
+    assert "ewmean, linear, none, ratio, tree" in str(info.value)
 
 
 def test_bad_param_names_list_the_accepted_ones() -> None:

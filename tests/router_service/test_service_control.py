@@ -305,7 +305,7 @@ def test_hot_swap_under_concurrent_load_loses_no_request(
 ) -> None:
     pool = [workers("a", delay_s=0.05), workers("b", delay_s=0.05), workers("c", delay_s=0.05)]
     router = routers(worker_urls=[w.url for w in pool], policy="lbgr")
-    specs = ["linear", "tree", "none", "ewmean", {"kind": "linear", "params": {}}, "ewmean"]
+    specs = ["linear", "tree", "ratio", "none", {"kind": "linear", "params": {}}, "ewmean"]
 
     async def run() -> tuple[list[httpx.Response], list[httpx.Response]]:
         async with async_http_client(router.url) as client:

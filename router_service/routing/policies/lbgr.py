@@ -75,9 +75,10 @@ class LBGRPolicy:
                 candidates.append(ineligible_candidate(w))
                 continue
             base = self.base_ms(w.cached, total - w.cached)
-            features = residual_features(request, w) if with_features else _NO_FEATURES
+            estimate = base + self.alpha * w.queue_ms
+            features = residual_features(request, w, estimate) if with_features else _NO_FEATURES
             residual = models.predict(w.url, features)
-            predicted = max(1.0, base + self.alpha * w.queue_ms + residual)
+            predicted = max(1.0, estimate + residual)
             cand = Candidate(
                 worker=w.url,
                 eligible=True,

@@ -160,3 +160,34 @@ def test_an_unknown_model_fails_when_the_policy_is_built() -> None:
         lbgr(model="nope")
     with pytest.raises(ValueError, match="unknown sharing"):
         lbgr(sharing="pooled")
+
+
+def test_ratio_learns_each_workers_factor_from_the_estimate_lbgr_passes() -> None:
+    """A worker that runs 3x slower than the estimate, whatever the request's size: ``ratio``
+    learns the factor (``ewmean``'s one constant cannot), from ``estimate_ms`` = base + queue."""
+    policy = lbgr(model="ratio")
+    router = Router(policy)
+    factors = {"http://a": 3.0, "http://b": 1.0, "http://c": 1.0}
+    rng = random.Random(5)
+    decisions = []
+    for i in range(300):
+        prompt = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(20, 2000)))
+        request = RouteRequest(f"r{i}", prompt, prompt_tokens=len(prompt) // 4)
+        statuses = [WorkerStatus(u, queue_ms=rng.uniform(0, 50)) for u in URLS]
+        decision = router.route(request, statuses, now_ms=float(i))
+        cand = decision.candidate(decision.chosen)
+        assert cand.base_ms is not None
+        assert cand.queue_ms is not None
+        assert decision.features is not None
+        estimate = cand.base_ms + cand.queue_ms
+        assert decision.features["estimate_ms"] == estimate
+        latency = factors[decision.chosen] * estimate
+        assert router.complete(decision, Outcome(True, latency, latency / 2)) is not None
+        decisions.append(decision)
+    models = policy.models.champion._models
+    assert models[SLOW].factor == pytest.approx(3.0, rel=0.01)
+    fast = [models[u] for u in URLS if u != SLOW and u in models]
+    assert fast
+    assert all(m.factor == pytest.approx(1.0, abs=0.02) for m in fast)
+    assert [d.chosen for d in decisions[:60]].count(SLOW) > 0  # it had its share, then lost it
+    assert [d.chosen for d in decisions[-100:]].count(SLOW) < 5

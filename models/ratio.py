@@ -1,0 +1,85 @@
+"""``ratio``: a worker's latency as a learned multiple of the router's own estimate.
+
+``ewmean`` learns how many milliseconds a worker adds to the estimate, one constant for every
+request. A worker that is slower (a smaller GPU, a noisy neighbour, thermal throttling) does
+not add a constant: it takes *longer per unit of work*, so its excess grows with the request
+and the queue in front of it. ``ratio`` learns that factor. With ``e`` the router's estimate
+for the chosen worker (feature ``estimate_ms``: LBGR's ``base + alpha * queue``) and ``y`` the
+residual it trained on, the observed factor is ``rho = (y + e) / e`` (the latency over the
+estimate); the model keeps an exponentially weighted mean of ``log(rho)`` (the paper's
+recursion, as ``ewmean``: RLS on a bias feature, forgetting and P0) and predicts the residual
+``(exp(mean) - 1) * e``.
+
+Why the log: latencies are heavy-tailed (one request stuck behind a long prefill is 10x its
+estimate), and an arithmetic mean of factors would chase those; the geometric mean does not.
+Why it is safe on a homogeneous fleet: every worker learns about the same factor, which scales
+every worker's prediction alike and leaves LBGR's ranking (and its cache stickiness) as the
+plain estimate makes it, while ``linear`` and ``tree`` re-price cached against uncached tokens
+for the chosen worker only. Measured in ``benchmarks/residual_models.py``.
+
+What it cannot learn: a constant offset that does not grow with the estimate (that is
+``ewmean``'s job). Its check in the shared suite is a constant *factor* instead.
+
+>>> m = RatioResidual()
+>>> for e in (100.0, 400.0, 900.0):
+...     m.learn_one({"estimate_ms": e}, 2.0 * e)  # latency 3x the estimate
+>>> round(m.predict_one({"estimate_ms": 50.0}), 3)
+100.0
+"""
+
+from __future__ import annotations
+
+import math
+
+from river import base
+
+from models.base import Features
+
+__all__ = ["RatioResidual"]
+
+_MAX_LOG = 50.0  # exp(50) ~ 5e21: a bound that keeps predictions finite on any input
+
+
+class RatioResidual(base.Regressor):
+    """Per worker: geometric mean (exponentially weighted) of latency / estimate.
+
+    ``forgetting`` plays ``ewmean``'s role (0.99: an effective memory of ~100 outcomes, so
+    one worker's factor is not re-drawn from a few noisy ones); ``p0`` is the RLS prior. A
+    missing or non-positive ``estimate_ms`` counts as 1 ms.
+    """
+
+    def __init__(self, forgetting: float = 0.99, p0: float = 1e6) -> None:
+        if not 0.0 < forgetting <= 1.0:
+            raise ValueError(f"forgetting must be in (0, 1], got {forgetting}")
+        if p0 <= 0.0:
+            raise ValueError(f"p0 must be > 0, got {p0}")
+        self.forgetting = forgetting
+        self.p0 = p0
+        self._log_factor = 0.0
+        self._p = p0
+
+    @staticmethod
+    def _estimate(x: Features) -> float:
+        value = x.get("estimate_ms", 1.0)
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            return 1.0
+        return value if math.isfinite(value) and value > 1.0 else 1.0
+
+    @property
+    def factor(self) -> float:
+        """Latency over estimate, as learned so far (1.0 before any outcome)."""
+        return math.exp(self._log_factor)
+
+    def learn_one(self, x: Features, y: float) -> None:
+        if not math.isfinite(y):
+            return
+        estimate = self._estimate(x)
+        observed = min(math.log1p(max(0.0, y) / estimate), _MAX_LOG)
+        gain = self._p / (self.forgetting + self._p)
+        self._log_factor += gain * (observed - self._log_factor)
+        self._p = self._p / (self.forgetting + self._p)
+
+    def predict_one(self, x: Features) -> float:
+        return math.expm1(self._log_factor) * self._estimate(x)
