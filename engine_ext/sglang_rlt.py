@@ -89,6 +89,10 @@ class _SGLangTree:
     def root(self) -> Any:
         return self.cache.root_node
 
+    @property
+    def total_tokens(self) -> int:
+        return int(self.cache.evictable_size_ + self.cache.protected_size_)
+
     def evictable_leaves(self) -> list[Any]:
         """Unlocked leaves in the order they became leaves (the reference cache's order)."""
         return sorted(self.cache.evictable_leaves, key=_leaf_seq_of)

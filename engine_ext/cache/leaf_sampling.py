@@ -19,6 +19,11 @@ before it. So:
 3. inside that gap every ring is uniform and independent, so the first ``q`` of them are a
    multivariate hypergeometric sample.
 
+When few leaves can empty (``need`` small against the leaves' sizes, the common case: a
+scheduler evicting for one request), a cheaper exact path comes first: until a leaf empties
+the picks are i.i.d. uniform over a fixed set, so one vectorised draw of all picks, cut at the
+first one that empties a leaf, is a round; a round per emptying.
+
 Cost: a few vectorised draws plus one step per leaf that empties, against one draw per page
 for the literal loop. ``tests/engine_ext/test_leaf_sampling.py`` checks the distribution
 against the literal loop.
@@ -37,8 +42,9 @@ __all__ = ["draw_leaf_evictions"]
 N = TypeVar("N", bound=Hashable)
 
 
-# A multinomial round costs about as much as one step of the continuous-time draw; once more
-# than this many rounds would be needed (tiny leaves), the continuous-time draw takes over.
+# A round (one vectorised draw of every remaining pick, cut at the first leaf that empties)
+# costs a few microseconds; each emptying costs a round. When more leaves than this are
+# likely to empty, the continuous-time draw (one step per emptying, no wasted picks) is used.
 _MAX_ROUNDS = 8
 
 
@@ -47,6 +53,8 @@ def draw_leaf_evictions(
     need: int,
     gen: np.random.Generator,
     parent_joins: Callable[[N], tuple[N, int] | None],
+    *,
+    max_rounds: int = _MAX_ROUNDS,
 ) -> list[tuple[N, int]]:
     """Pages to drop per leaf after ``need`` uniform leaf picks (or all pages, if fewer).
 
@@ -55,10 +63,12 @@ def draw_leaf_evictions(
     then. Returns (leaf, pages) with emptied leaves first, in the order they empty (children
     before their parents), then the partly trimmed ones.
 
-    While no leaf can empty before a round's last pick the candidate set is fixed, so ``m``
-    picks are one multinomial draw (``m`` = the smallest leaf's remaining pages; a leaf that
-    the last pick empties leaves before the next round). When that would take many rounds the
-    rest is drawn in continuous time. The process is Markov, so switching is exact.
+    Until a leaf empties the candidate set is fixed and the picks are i.i.d. uniform over it,
+    so a round draws all remaining picks at once (``integers`` + ``bincount``) and keeps them
+    up to the first pick that empties a leaf; the picks after it are discarded and drawn
+    again over the new set (they are independent of the past, so this is exact). When more
+    than ``max_rounds`` leaves are likely to empty, or after ``max_rounds`` rounds, the rest
+    is drawn in continuous time. The process is Markov, so switching is exact.
     """
     if need <= 0 or not candidates:
         return []
@@ -67,24 +77,35 @@ def draw_leaf_evictions(
     active = [node for node, _ in candidates]
     remaining = np.asarray([pages for _, pages in candidates], dtype=np.int64)
     picked = np.zeros_like(remaining)  # pages taken so far from each active leaf
-    while need > 0 and active:
-        m = min(need, int(remaining.min()))
-        if need > m * _MAX_ROUNDS:
+    rounds = 0
+    if _likely_emptyings(remaining, need) > max_rounds:
+        rounds = max_rounds  # straight to the continuous-time draw
+    while need > 0 and active and rounds < max_rounds:
+        rounds += 1
+        picks = gen.integers(0, len(active), size=need)
+        counts = np.bincount(picks, minlength=len(active))
+        full = np.flatnonzero(counts >= remaining)
+        if full.size == 0:  # nobody empties: every pick stands
+            picked += counts
+            remaining -= counts
+            need = 0
             break
-        picks = gen.multinomial(m, np.full(len(active), 1.0 / len(active)))
-        remaining -= picks
-        picked += picks
-        need -= m
-        if remaining.min() == 0:  # at most one leaf: it took all m picks of this round
-            i = int(np.argmin(remaining))
-            leaf = active.pop(i)
-            taken[leaf] = int(picked[i])
-            remaining, picked = np.delete(remaining, i), np.delete(picked, i)
-            emptied.append(leaf)
-            joined = parent_joins(leaf)
-            if joined is not None and joined[1] > 0:
-                active.append(joined[0])
-                remaining, picked = np.append(remaining, joined[1]), np.append(picked, 0)
+        # The pick that empties a leaf first: for each leaf that would, the position of its
+        # remaining-th pick; the earliest of those ends the round.
+        cut = min(int(np.flatnonzero(picks == i)[remaining[i] - 1]) for i in full.tolist())
+        counts = np.bincount(picks[: cut + 1], minlength=len(active))
+        picked += counts
+        remaining -= counts
+        need -= cut + 1
+        i = int(picks[cut])
+        leaf = active.pop(i)
+        taken[leaf] = int(picked[i])
+        remaining, picked = np.delete(remaining, i), np.delete(picked, i)
+        emptied.append(leaf)
+        joined = parent_joins(leaf)
+        if joined is not None and joined[1] > 0:
+            active.append(joined[0])
+            remaining, picked = np.append(remaining, joined[1]), np.append(picked, 0)
     for node, count in zip(active, picked.tolist(), strict=True):
         if count:
             taken[node] = count
@@ -98,6 +119,13 @@ def draw_leaf_evictions(
     return [(node, taken[node]) for node in emptied] + [
         (node, count) for node, count in taken.items() if node not in done
     ]
+
+
+def _likely_emptyings(remaining: np.ndarray, need: int) -> int:
+    """Leaves whose size is within ~3 standard deviations of their expected share of picks
+    (``need / leaves`` each, binomial): a cheap bound on how many rounds would be needed."""
+    mean = need / len(remaining)
+    return int(np.count_nonzero(remaining <= mean + 3.0 * np.sqrt(mean) + 1.0))
 
 
 def _continuous_draw(

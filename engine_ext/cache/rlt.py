@@ -85,7 +85,13 @@ class RLTEviction:
         need = -(-num_tokens // page)
         if need * page + self.marked_tokens >= cache.capacity_tokens:
             self.new_phase()
-        cands = self.candidates()
+            cands = self.candidates()
+        elif cache.total_tokens - self.marked_tokens < need * page:
+            # The candidates hold at most the unmarked tokens, so gathering them would come up
+            # short and start a new phase anyway: start it now and gather once.
+            cands = []
+        else:
+            cands = self.candidates()
         if not cands or sum(pages for _, pages in cands) < need:
             self.new_phase()
             cands = self.candidates()

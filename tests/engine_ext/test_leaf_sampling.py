@@ -102,8 +102,12 @@ def literal_evictions(leaves: list[Node], need: int, rng: random.Random) -> dict
     return dict(dropped)
 
 
-def batched_evictions(leaves: list[Node], need: int, gen: np.random.Generator) -> dict[Node, int]:
-    plan = draw_leaf_evictions([(leaf, leaf.pages) for leaf in leaves], need, gen, joins_tracker())
+def batched_evictions(
+    leaves: list[Node], need: int, gen: np.random.Generator, max_rounds: int | None = None
+) -> dict[Node, int]:
+    extra = {} if max_rounds is None else {"max_rounds": max_rounds}
+    candidates = [(leaf, leaf.pages) for leaf in leaves]
+    plan = draw_leaf_evictions(candidates, need, gen, joins_tracker(), **extra)
     out: dict[Node, int] = {}
     for node, pages in plan:
         assert node not in out, f"{node.name} appears twice in the plan"
@@ -120,19 +124,35 @@ REACHABLE_PAGES = 2 + 1 + 2 + 4 + 1 + 3 + 1 + 2  # leaves plus A, B1, B (E is ma
 
 
 @pytest.mark.parametrize(
-    ("sizes", "need"),
+    ("sizes", "need", "max_rounds"),
     [
-        (SMALL, 1),  # one pick
-        (SMALL, 2),  # A2 and E1 (one page) may empty
-        (SMALL, 5),  # leaves empty, A and B1 may join
-        (SMALL, 9),  # around the leaves' total (10): parents join in most runs
-        (SMALL, 13),  # deep into the parents: B joins after B1
-        (BIG, 12),  # multinomial rounds, then the continuous-time draw
-        (BIG, 18),  # beyond the leaves' total (15)
+        (SMALL, 1, None),  # one pick
+        (SMALL, 2, None),  # A2 and E1 (one page) may empty
+        (SMALL, 5, None),  # leaves empty, A and B1 may join
+        (SMALL, 9, None),  # around the leaves' total (10): parents join in most runs
+        (SMALL, 13, None),  # deep into the parents: B joins after B1
+        (BIG, 12, None),  # the default mix of rounds and the continuous-time draw
+        (BIG, 18, None),  # beyond the leaves' total (15)
+        (SMALL, 9, 0),  # the continuous-time draw alone
+        (BIG, 12, 2),  # two rounds (cut at an emptying), then the continuous-time draw
+        (SMALL, 9, 100),  # rounds alone, one per emptying, parents joining between them
     ],
-    ids=["small-1", "small-2", "small-5", "small-9", "small-13", "big-12", "big-18"],
+    ids=[
+        "small-1",
+        "small-2",
+        "small-5",
+        "small-9",
+        "small-13",
+        "big-12",
+        "big-18",
+        "small-9-continuous",
+        "big-12-switch",
+        "small-9-rounds",
+    ],
 )
-def test_batched_sampler_matches_the_per_page_definition(sizes: dict[str, int], need: int) -> None:
+def test_batched_sampler_matches_the_per_page_definition(
+    sizes: dict[str, int], need: int, max_rounds: int | None
+) -> None:
     leaves, everything = small_tree(sizes)
     rng = random.Random(1234 + need)
     gen = np.random.default_rng(4321 + need)
@@ -140,7 +160,8 @@ def test_batched_sampler_matches_the_per_page_definition(sizes: dict[str, int], 
         outcome(literal_evictions(leaves, need, rng), everything) for _ in range(SAMPLES)
     ]
     batched_draws = [
-        outcome(batched_evictions(leaves, need, gen), everything) for _ in range(SAMPLES)
+        outcome(batched_evictions(leaves, need, gen, max_rounds), everything)
+        for _ in range(SAMPLES)
     ]
     for result in batched_draws:
         assert sum(result) == need, "every draw drops exactly `need` pages when enough exist"
