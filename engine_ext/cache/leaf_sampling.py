@@ -20,9 +20,9 @@ before it. So:
    multivariate hypergeometric sample.
 
 When few leaves can empty (``need`` small against the leaves' sizes, the common case: a
-scheduler evicting for one request), a cheaper exact path comes first: until a leaf empties
-the picks are i.i.d. uniform over a fixed set, so one vectorised draw of all picks, cut at the
-first one that empties a leaf, is a round; a round per emptying.
+scheduler evicting for one request), cheaper exact rounds come first: until a leaf empties the
+picks are i.i.d. uniform over a fixed set, so they can be drawn at once, a round per emptying
+(``draw_leaf_evictions`` explains the two kinds).
 
 Cost: a few vectorised draws plus one step per leaf that empties, against one draw per page
 for the literal loop. ``tests/engine_ext/test_leaf_sampling.py`` checks the distribution
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Hashable, Sequence
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -42,10 +42,10 @@ __all__ = ["draw_leaf_evictions"]
 N = TypeVar("N", bound=Hashable)
 
 
-# A round (one vectorised draw of every remaining pick, cut at the first leaf that empties)
-# costs a few microseconds; each emptying costs a round. When more leaves than this are
-# likely to empty, the continuous-time draw (one step per emptying, no wasted picks) is used.
+# Rounds before the continuous-time draw takes over: a round costs a few vectorised calls and
+# ends at (at most) one emptying, so rounds pay off only while few leaves can empty.
 _MAX_ROUNDS = 8
+METHODS = ("multinomial", "cut", "continuous")
 
 
 def draw_leaf_evictions(
@@ -55,6 +55,7 @@ def draw_leaf_evictions(
     parent_joins: Callable[[N], tuple[N, int] | None],
     *,
     max_rounds: int = _MAX_ROUNDS,
+    method: str | None = None,
 ) -> list[tuple[N, int]]:
     """Pages to drop per leaf after ``need`` uniform leaf picks (or all pages, if fewer).
 
@@ -63,62 +64,124 @@ def draw_leaf_evictions(
     then. Returns (leaf, pages) with emptied leaves first, in the order they empty (children
     before their parents), then the partly trimmed ones.
 
-    Until a leaf empties the candidate set is fixed and the picks are i.i.d. uniform over it,
-    so a round draws all remaining picks at once (``integers`` + ``bincount``) and keeps them
-    up to the first pick that empties a leaf; the picks after it are discarded and drawn
-    again over the new set (they are independent of the past, so this is exact). When more
-    than ``max_rounds`` leaves are likely to empty, or after ``max_rounds`` rounds, the rest
-    is drawn in continuous time. The process is Markov, so switching is exact.
+    Until a leaf empties the candidate set is fixed and the picks are i.i.d. uniform over it.
+    Two kinds of round use that, each exact, and the continuous-time draw finishes whatever
+    they leave (the process is Markov, so switching is exact):
+
+    - ``multinomial``: ``m`` = the smallest leaf's remaining pages; ``m`` picks are one
+      multinomial draw (a leaf that the last pick empties leaves before the next round).
+      O(leaves) per round: for a few big leaves;
+    - ``cut``: all remaining picks in one draw (``integers`` + ``bincount``), kept up to the
+      first pick that empties a leaf; the picks after it are discarded and drawn again over
+      the new set (they are independent of the past). O(picks) per round: for many leaves of
+      which few can empty (a scheduler evicting for one request, the common case).
+
+    ``method`` forces one (tests); by default it is chosen from the sizes, which is exact
+    because the choice depends on no random draw.
     """
     if need <= 0 or not candidates:
         return []
-    taken: dict[N, int] = {}
-    emptied: list[N] = []
-    active = [node for node, _ in candidates]
-    remaining = np.asarray([pages for _, pages in candidates], dtype=np.int64)
-    picked = np.zeros_like(remaining)  # pages taken so far from each active leaf
-    rounds = 0
-    if _likely_emptyings(remaining, need) > max_rounds:
-        rounds = max_rounds  # straight to the continuous-time draw
-    while need > 0 and active and rounds < max_rounds:
-        rounds += 1
-        picks = gen.integers(0, len(active), size=need)
-        counts = np.bincount(picks, minlength=len(active))
+    state = _Rounds(candidates, need, gen, parent_joins)
+    chosen = method or _choose(state.remaining, need, max_rounds)
+    if chosen not in METHODS:
+        raise ValueError(f"unknown method {chosen!r}; known: {', '.join(METHODS)}")
+    if chosen == "multinomial":
+        while state.need > 0 and state.active:
+            m = min(state.need, int(state.remaining.min()))
+            if state.need > m * max_rounds:
+                break
+            state.multinomial_round(m)
+    elif chosen == "cut":
+        for _ in range(max_rounds):
+            if state.need <= 0 or not state.active:
+                break
+            state.cut_round()
+    return state.finish()
+
+
+def _choose(remaining: np.ndarray, need: int, max_rounds: int) -> str:
+    """The cheapest exact path: a multinomial round costs ~O(leaves), a cut round O(need)."""
+    leaves = len(remaining)
+    if need <= int(remaining.min()) * max_rounds and leaves * 8 <= need:
+        return "multinomial"
+    if _likely_emptyings(remaining, need) <= max_rounds:
+        return "cut"
+    return "continuous"
+
+
+class _Rounds(Generic[N]):
+    """The state of one draw: active leaves, their remaining and taken pages."""
+
+    def __init__(
+        self,
+        candidates: Sequence[tuple[N, int]],
+        need: int,
+        gen: np.random.Generator,
+        parent_joins: Callable[[N], tuple[N, int] | None],
+    ) -> None:
+        self.need = need
+        self.gen = gen
+        self.parent_joins = parent_joins
+        self.taken: dict[N, int] = {}
+        self.emptied: list[N] = []
+        self.active = [node for node, _ in candidates]
+        self.remaining = np.asarray([pages for _, pages in candidates], dtype=np.int64)
+        self.picked = np.zeros_like(self.remaining)  # pages taken so far per active leaf
+
+    def _take(self, counts: np.ndarray, picks: int) -> None:
+        self.picked += counts
+        self.remaining -= counts
+        self.need -= picks
+
+    def _empty(self, i: int) -> None:
+        """Active leaf ``i`` has no page left: it leaves, and its parent may join."""
+        leaf = self.active.pop(i)
+        self.taken[leaf] = int(self.picked[i])
+        self.remaining = np.delete(self.remaining, i)
+        self.picked = np.delete(self.picked, i)
+        self.emptied.append(leaf)
+        joined = self.parent_joins(leaf)
+        if joined is not None and joined[1] > 0:
+            self.active.append(joined[0])
+            self.remaining = np.append(self.remaining, joined[1])
+            self.picked = np.append(self.picked, 0)
+
+    def multinomial_round(self, m: int) -> None:
+        k = len(self.active)
+        self._take(self.gen.multinomial(m, np.full(k, 1.0 / k)), m)
+        if self.remaining.min() == 0:  # at most one leaf: it took all m picks of this round
+            self._empty(int(np.argmin(self.remaining)))
+
+    def cut_round(self) -> None:
+        k, remaining = len(self.active), self.remaining
+        picks = self.gen.integers(0, k, size=self.need)
+        counts = np.bincount(picks, minlength=k)
         full = np.flatnonzero(counts >= remaining)
         if full.size == 0:  # nobody empties: every pick stands
-            picked += counts
-            remaining -= counts
-            need = 0
-            break
+            self._take(counts, self.need)
+            return
         # The pick that empties a leaf first: for each leaf that would, the position of its
         # remaining-th pick; the earliest of those ends the round.
         cut = min(int(np.flatnonzero(picks == i)[remaining[i] - 1]) for i in full.tolist())
-        counts = np.bincount(picks[: cut + 1], minlength=len(active))
-        picked += counts
-        remaining -= counts
-        need -= cut + 1
-        i = int(picks[cut])
-        leaf = active.pop(i)
-        taken[leaf] = int(picked[i])
-        remaining, picked = np.delete(remaining, i), np.delete(picked, i)
-        emptied.append(leaf)
-        joined = parent_joins(leaf)
-        if joined is not None and joined[1] > 0:
-            active.append(joined[0])
-            remaining, picked = np.append(remaining, joined[1]), np.append(picked, 0)
-    for node, count in zip(active, picked.tolist(), strict=True):
-        if count:
-            taken[node] = count
-    if need > 0 and active:
-        rest = list(zip(active, remaining.tolist(), strict=True))
-        gone_later, partial = _continuous_draw(rest, need, gen, parent_joins)
-        for node, count in gone_later + partial:
-            taken[node] = taken.get(node, 0) + count
-        emptied.extend(node for node, _ in gone_later)
-    done = set(emptied)
-    return [(node, taken[node]) for node in emptied] + [
-        (node, count) for node, count in taken.items() if node not in done
-    ]
+        self._take(np.bincount(picks[: cut + 1], minlength=k), cut + 1)
+        self._empty(int(picks[cut]))
+
+    def finish(self) -> list[tuple[N, int]]:
+        """The continuous-time draw for what is left, then the plan."""
+        taken, emptied = self.taken, self.emptied
+        for node, count in zip(self.active, self.picked.tolist(), strict=True):
+            if count:
+                taken[node] = count
+        if self.need > 0 and self.active:
+            rest = list(zip(self.active, self.remaining.tolist(), strict=True))
+            gone_later, partial = _continuous_draw(rest, self.need, self.gen, self.parent_joins)
+            for node, count in gone_later + partial:
+                taken[node] = taken.get(node, 0) + count
+            emptied.extend(node for node, _ in gone_later)
+        done = set(emptied)
+        return [(node, taken[node]) for node in emptied] + [
+            (node, count) for node, count in taken.items() if node not in done
+        ]
 
 
 def _likely_emptyings(remaining: np.ndarray, need: int) -> int:

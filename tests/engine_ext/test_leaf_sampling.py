@@ -13,12 +13,13 @@ import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
 
-from engine_ext.cache.leaf_sampling import draw_leaf_evictions
+from engine_ext.cache.leaf_sampling import _choose, draw_leaf_evictions
 
 
 @dataclass(eq=False)
@@ -103,11 +104,10 @@ def literal_evictions(leaves: list[Node], need: int, rng: random.Random) -> dict
 
 
 def batched_evictions(
-    leaves: list[Node], need: int, gen: np.random.Generator, max_rounds: int | None = None
+    leaves: list[Node], need: int, gen: np.random.Generator, **options: Any
 ) -> dict[Node, int]:
-    extra = {} if max_rounds is None else {"max_rounds": max_rounds}
     candidates = [(leaf, leaf.pages) for leaf in leaves]
-    plan = draw_leaf_evictions(candidates, need, gen, joins_tracker(), **extra)
+    plan = draw_leaf_evictions(candidates, need, gen, joins_tracker(), **options)
     out: dict[Node, int] = {}
     for node, pages in plan:
         assert node not in out, f"{node.name} appears twice in the plan"
@@ -124,18 +124,19 @@ REACHABLE_PAGES = 2 + 1 + 2 + 4 + 1 + 3 + 1 + 2  # leaves plus A, B1, B (E is ma
 
 
 @pytest.mark.parametrize(
-    ("sizes", "need", "max_rounds"),
+    ("sizes", "need", "method", "max_rounds"),
     [
-        (SMALL, 1, None),  # one pick
-        (SMALL, 2, None),  # A2 and E1 (one page) may empty
-        (SMALL, 5, None),  # leaves empty, A and B1 may join
-        (SMALL, 9, None),  # around the leaves' total (10): parents join in most runs
-        (SMALL, 13, None),  # deep into the parents: B joins after B1
-        (BIG, 12, None),  # the default mix of rounds and the continuous-time draw
-        (BIG, 18, None),  # beyond the leaves' total (15)
-        (SMALL, 9, 0),  # the continuous-time draw alone
-        (BIG, 12, 2),  # two rounds (cut at an emptying), then the continuous-time draw
-        (SMALL, 9, 100),  # rounds alone, one per emptying, parents joining between them
+        (SMALL, 1, None, None),  # one pick
+        (SMALL, 2, None, None),  # A2 and E1 (one page) may empty
+        (SMALL, 5, None, None),  # leaves empty, A and B1 may join
+        (SMALL, 9, None, None),  # around the leaves' total (10): parents join in most runs
+        (SMALL, 13, None, None),  # deep into the parents: B joins after B1
+        (BIG, 12, None, None),  # the default choice of rounds and the continuous-time draw
+        (BIG, 18, None, None),  # beyond the leaves' total (15)
+        (SMALL, 9, "continuous", None),  # the continuous-time draw alone
+        (BIG, 12, "multinomial", None),  # multinomial rounds, then the continuous-time draw
+        (BIG, 12, "cut", 2),  # two cut rounds (each ends at an emptying), then continuous
+        (SMALL, 9, "cut", 100),  # cut rounds alone, parents joining between them
     ],
     ids=[
         "small-1",
@@ -146,22 +147,25 @@ REACHABLE_PAGES = 2 + 1 + 2 + 4 + 1 + 3 + 1 + 2  # leaves plus A, B1, B (E is ma
         "big-12",
         "big-18",
         "small-9-continuous",
-        "big-12-switch",
-        "small-9-rounds",
+        "big-12-multinomial",
+        "big-12-cut-then-continuous",
+        "small-9-cut",
     ],
 )
 def test_batched_sampler_matches_the_per_page_definition(
-    sizes: dict[str, int], need: int, max_rounds: int | None
+    sizes: dict[str, int], need: int, method: str | None, max_rounds: int | None
 ) -> None:
     leaves, everything = small_tree(sizes)
     rng = random.Random(1234 + need)
     gen = np.random.default_rng(4321 + need)
+    extra: dict[str, Any] = {"method": method}
+    if max_rounds is not None:
+        extra["max_rounds"] = max_rounds
     literal_draws = [
         outcome(literal_evictions(leaves, need, rng), everything) for _ in range(SAMPLES)
     ]
     batched_draws = [
-        outcome(batched_evictions(leaves, need, gen, max_rounds), everything)
-        for _ in range(SAMPLES)
+        outcome(batched_evictions(leaves, need, gen, **extra), everything) for _ in range(SAMPLES)
     ]
     for result in batched_draws:
         assert sum(result) == need, "every draw drops exactly `need` pages when enough exist"
@@ -238,3 +242,23 @@ def test_small_need_uses_uniform_picks_over_all_candidates() -> None:
             totals[node.name] += pages
     # 15000 picks over 4 leaves: each near 3750 (sd ~53).
     assert all(abs(totals[x.name] - 3_750) < 300 for x in leaves), totals
+
+
+def test_an_unknown_method_is_refused() -> None:
+    leaves, _ = small_tree()
+    with pytest.raises(ValueError, match="unknown method 'fast'; known: multinomial, cut"):
+        batched_evictions(leaves, 3, np.random.default_rng(0), method="fast")
+
+
+@pytest.mark.parametrize(
+    ("sizes", "need", "expected"),
+    [
+        ([5_000] * 12, 40_000, "multinomial"),  # a few big leaves: O(leaves) rounds
+        ([200] * 260, 1_000, "cut"),  # many leaves, none can empty: one O(need) round
+        ([40] * 380, 10_000, "continuous"),  # most leaves empty: one step per emptying
+    ],
+)
+def test_the_cheapest_exact_path_is_chosen_from_the_sizes(
+    sizes: list[int], need: int, expected: str
+) -> None:
+    assert _choose(np.asarray(sizes), need, 8) == expected
