@@ -6,8 +6,8 @@ not add a constant: it takes *longer per unit of work*, so its excess grows with
 and the queue in front of it. ``ratio`` learns that factor. With ``e`` the router's estimate
 for the chosen worker (feature ``estimate_ms``: LBGR's ``base + alpha * queue``) and ``y`` the
 residual it trained on, the observed factor is ``rho = (y + e) / e`` (the latency over the
-estimate); the model keeps an exponentially weighted mean of ``log(rho)`` (the paper's
-recursion, as ``ewmean``: RLS on a bias feature, forgetting and P0) and predicts the residual
+estimate); the model keeps an exponentially weighted mean of ``log(rho)`` (an ``ewmean``
+inside: the paper's RLS on a bias feature, with forgetting and P0) and predicts the residual
 ``(exp(mean) - 1) * e``.
 
 Why the log: latencies are heavy-tailed (one request stuck behind a long prefill is 10x its
@@ -34,6 +34,7 @@ import math
 from river import base
 
 from models.base import Features
+from models.ewmean import EWMeanResidual
 
 __all__ = ["RatioResidual"]
 
@@ -49,14 +50,9 @@ class RatioResidual(base.Regressor):
     """
 
     def __init__(self, forgetting: float = 0.99, p0: float = 1e6) -> None:
-        if not 0.0 < forgetting <= 1.0:
-            raise ValueError(f"forgetting must be in (0, 1], got {forgetting}")
-        if p0 <= 0.0:
-            raise ValueError(f"p0 must be > 0, got {p0}")
         self.forgetting = forgetting
         self.p0 = p0
-        self._log_factor = 0.0
-        self._p = p0
+        self._log_mean = EWMeanResidual(forgetting, p0)  # validates both; the same recursion
 
     @staticmethod
     def _estimate(x: Features) -> float:
@@ -70,16 +66,13 @@ class RatioResidual(base.Regressor):
     @property
     def factor(self) -> float:
         """Latency over estimate, as learned so far (1.0 before any outcome)."""
-        return math.exp(self._log_factor)
+        return math.exp(self._log_mean.predict_one({}))
 
     def learn_one(self, x: Features, y: float) -> None:
         if not math.isfinite(y):
             return
-        estimate = self._estimate(x)
-        observed = min(math.log1p(max(0.0, y) / estimate), _MAX_LOG)
-        gain = self._p / (self.forgetting + self._p)
-        self._log_factor += gain * (observed - self._log_factor)
-        self._p = self._p / (self.forgetting + self._p)
+        observed = math.log1p(max(0.0, y) / self._estimate(x))
+        self._log_mean.learn_one({}, min(observed, _MAX_LOG))
 
     def predict_one(self, x: Features) -> float:
-        return math.expm1(self._log_factor) * self._estimate(x)
+        return math.expm1(self._log_mean.predict_one({})) * self._estimate(x)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -31,19 +32,30 @@ def lbgr(**params: object) -> LBGRPolicy:
     return policy
 
 
-def drive(router: Router, n: int, seed: int = 0) -> list[Decision]:
-    """``n`` requests, each completed before the next: latency = base + queue + worker's extra."""
+def additive(worker: str, estimate: float, rng: random.Random) -> float:
+    """The default fleet: latency = estimate + the worker's fixed extra + a little noise."""
+    return estimate + EXTRA_MS[worker] + rng.uniform(0, 5)
+
+
+def drive(
+    router: Router,
+    n: int,
+    seed: int = 0,
+    latency_of: Callable[[str, float, random.Random], float] = additive,
+    max_chars: int = 200,
+) -> list[Decision]:
+    """``n`` requests, each completed before the next, with ``latency_of(worker, base + queue)``."""
     rng = random.Random(seed)
     decisions = []
     for i in range(n):
-        prompt = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(20, 200)))
+        prompt = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(20, max_chars)))
         request = RouteRequest(f"r{seed}-{i}", prompt, prompt_tokens=len(prompt) // 4)
         statuses = [WorkerStatus(u, queue_ms=rng.uniform(0, 50)) for u in URLS]
         decision = router.route(request, statuses, now_ms=float(i))
         cand = decision.candidate(decision.chosen)
         assert cand.base_ms is not None
         assert cand.queue_ms is not None
-        latency = cand.base_ms + cand.queue_ms + EXTRA_MS[decision.chosen] + rng.uniform(0, 5)
+        latency = latency_of(decision.chosen, cand.base_ms + cand.queue_ms, rng)
         learned = router.complete(decision, Outcome(True, latency, latency / 2))
         assert learned is not None
         decisions.append(decision)
@@ -165,25 +177,17 @@ def test_an_unknown_model_fails_when_the_policy_is_built() -> None:
 def test_ratio_learns_each_workers_factor_from_the_estimate_lbgr_passes() -> None:
     """A worker that runs 3x slower than the estimate, whatever the request's size: ``ratio``
     learns the factor (``ewmean``'s one constant cannot), from ``estimate_ms`` = base + queue."""
-    policy = lbgr(model="ratio")
-    router = Router(policy)
     factors = {"http://a": 3.0, "http://b": 1.0, "http://c": 1.0}
-    rng = random.Random(5)
-    decisions = []
-    for i in range(300):
-        prompt = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(20, 2000)))
-        request = RouteRequest(f"r{i}", prompt, prompt_tokens=len(prompt) // 4)
-        statuses = [WorkerStatus(u, queue_ms=rng.uniform(0, 50)) for u in URLS]
-        decision = router.route(request, statuses, now_ms=float(i))
+    policy = lbgr(model="ratio")
+    decisions = drive(
+        Router(policy), 300, seed=5, latency_of=lambda w, e, _: factors[w] * e, max_chars=2000
+    )
+    for decision in decisions:
         cand = decision.candidate(decision.chosen)
         assert cand.base_ms is not None
         assert cand.queue_ms is not None
         assert decision.features is not None
-        estimate = cand.base_ms + cand.queue_ms
-        assert decision.features["estimate_ms"] == estimate
-        latency = factors[decision.chosen] * estimate
-        assert router.complete(decision, Outcome(True, latency, latency / 2)) is not None
-        decisions.append(decision)
+        assert decision.features["estimate_ms"] == cand.base_ms + cand.queue_ms
     models = policy.models.champion._models
     assert models[SLOW].factor == pytest.approx(3.0, rel=0.01)
     fast = [models[u] for u in URLS if u != SLOW and u in models]
