@@ -160,6 +160,21 @@ class ModelBank:
         self._errors.pop(worker, None)
         self.overrides.pop(worker, None)
 
+    def learned(self) -> dict[str, dict[str, float]]:
+        """Per worker (``"*"`` for a shared model), what its model reports through
+        ``learned()``; models without it, or whose ``learned()`` fails, are left out."""
+        out: dict[str, dict[str, float]] = {}
+        for worker, model in list(self._models.items()):  # a learn may add a worker meanwhile
+            report = getattr(model, "learned", None)
+            if not callable(report):
+                continue
+            try:
+                values = {str(k): float(v) for k, v in report().items()}
+            except Exception:  # noqa: BLE001 - a status page must not fail on one model
+                continue
+            out[worker] = values
+        return out
+
     def status(self) -> dict[str, Any]:
         return {
             "spec": self.spec.to_dict(),
@@ -167,6 +182,7 @@ class ModelBank:
             "overrides": {w: s.to_dict() for w, s in list(self.overrides.items())},
             "mae_ms": self.mae(),
             "per_worker_mae_ms": {w: t.get() for w, t in list(self._errors.items())},
+            "per_worker_learned": self.learned(),
             "samples": self.samples,
             "failures": self.failures,
         }

@@ -16,7 +16,9 @@ class ResidualModel(Protocol):
     """Predicts the part of a request's latency (ms) that the service estimate misses.
 
     A model may set ``uses_features = False`` when it ignores ``x`` (a mean of the residual);
-    callers then skip building feature dicts on the hot path.
+    callers then skip building feature dicts on the hot path. A model may also offer
+    ``learned() -> dict[str, float]``, a few numbers an operator can read (``ewmean``: the
+    residual in ms; ``ratio``: the latency factor); ``ModelBank.status`` reports them.
     """
 
     def predict_one(self, x: Features) -> float: ...

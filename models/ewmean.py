@@ -45,3 +45,7 @@ class EWMeanResidual(base.Regressor):
 
     def predict_one(self, x: Features) -> float:
         return self._theta
+
+    def learned(self) -> dict[str, float]:
+        """What the model holds, for operators (``/models``, metrics)."""
+        return {"residual_ms": self._theta}

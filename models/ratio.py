@@ -76,3 +76,7 @@ class RatioResidual(base.Regressor):
 
     def predict_one(self, x: Features) -> float:
         return math.expm1(self._log_mean.predict_one({})) * self._estimate(x)
+
+    def learned(self) -> dict[str, float]:
+        """What the model holds, for operators: "worker X runs at 2.1x the estimate"."""
+        return {"factor": self.factor}

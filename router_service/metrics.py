@@ -71,6 +71,11 @@ class _StateCollector(Collector):
             "Model predict/learn failures (isolated)",
             labels=["role"],
         )
+        learned = GaugeMetricFamily(
+            "kvroute_residual_learned",
+            "What each worker's residual model has learned (quantity: residual_ms or factor)",
+            labels=["role", "worker", "quantity"],
+        )
         for role, status in state.get("models", {}).items():
             if status is None:
                 continue
@@ -78,8 +83,12 @@ class _StateCollector(Collector):
             for worker, value in status["per_worker_mae_ms"].items():
                 mae.add_metric([role, worker], float(value or 0.0))
             failures.add_metric([role], float(status["failures"]))
+            for worker, values in status.get("per_worker_learned", {}).items():
+                for quantity, value in values.items():
+                    learned.add_metric([role, worker, quantity], value)
         yield mae
         yield failures
+        yield learned
         version = GaugeMetricFamily("kvroute_model_version", "Version of the champion model")
         version.add_metric([], float(state.get("model_version") or 0))
         yield version

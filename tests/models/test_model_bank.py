@@ -172,6 +172,7 @@ def test_rolling_mae_per_worker_and_fleet() -> None:
     assert bank.mae("nobody") is None
     status = bank.status()
     assert status["per_worker_mae_ms"] == {"a": 3.0, "b": 10.0}
+    assert status["per_worker_learned"] == {}  # ``none`` has nothing to report
     assert status["mae_ms"] == pytest.approx(4.75)
     assert status["samples"] == 5
     assert status["spec"] == {"kind": "none", "params": {}}
@@ -235,3 +236,33 @@ def test_bank_pickles_with_its_models_and_errors() -> None:
     probe = random_features(rng)
     assert copy.predict("a", probe) == bank.predict("a", probe)
     assert copy.status() == bank.status()
+
+
+def test_status_reports_what_each_workers_model_learned() -> None:
+    """``ewmean`` reports its residual, ``ratio`` its factor; a failing report is left out."""
+    bank = ModelBank("ewmean")
+    for _ in range(50):
+        bank.learn("a", X, 120.0)
+        bank.learn("b", X, 30.0)
+    learned = bank.status()["per_worker_learned"]
+    assert learned.keys() == {"a", "b"}
+    assert learned["a"]["residual_ms"] == pytest.approx(120.0)
+    assert learned["b"]["residual_ms"] == pytest.approx(30.0)
+
+    ratio = ModelBank("ratio")
+    for estimate in (100.0, 1000.0, 5000.0) * 20:
+        ratio.learn("slow", {"estimate_ms": estimate}, 1.5 * estimate)  # 2.5x the estimate
+    assert ratio.status()["per_worker_learned"] == {"slow": {"factor": pytest.approx(2.5)}}
+
+    class Broken:
+        def predict_one(self, x: dict) -> float:
+            return 0.0
+
+        def learn_one(self, x: dict, y: float) -> None:
+            pass
+
+        def learned(self) -> dict[str, float]:
+            raise RuntimeError("boom")
+
+    ratio._models["broken"] = Broken()
+    assert set(ratio.learned()) == {"slow"}
