@@ -45,8 +45,10 @@ class RatioResidual(base.Regressor):
     """Per worker: geometric mean (exponentially weighted) of latency / estimate.
 
     ``forgetting`` plays ``ewmean``'s role (0.99: an effective memory of ~100 outcomes, so
-    one worker's factor is not re-drawn from a few noisy ones); ``p0`` is the RLS prior. A
-    missing or non-positive ``estimate_ms`` counts as 1 ms.
+    one worker's factor is not re-drawn from a few noisy ones); ``p0`` is the RLS prior. An
+    ``estimate_ms`` that is missing, not a number or below 1 ms counts as 1 ms. The factor is
+    never below 1: LBGR trains on ``max(1, latency - estimate)``, so a worker faster than the
+    estimate reads as 1.0, as ``ewmean`` reads it as a ~0 residual.
     """
 
     def __init__(self, forgetting: float = 0.99, p0: float = 1e6) -> None:
