@@ -83,7 +83,7 @@ class _StateCollector(Collector):
             for worker, value in status["per_worker_mae_ms"].items():
                 mae.add_metric([role, worker], float(value or 0.0))
             failures.add_metric([role], float(status["failures"]))
-            for worker, values in status.get("per_worker_learned", {}).items():
+            for worker, values in status["per_worker_learned"].items():
                 for quantity, value in values.items():
                     learned.add_metric([role, worker, quantity], value)
         yield mae
