@@ -247,10 +247,14 @@ def start_replicas(
     policy: str = "lbgr",
     index_sync: bool = True,
     pin: bool = True,
+    load_sync_ms: float | None = None,
 ) -> tuple[list[str], list[subprocess.Popen[bytes]]]:
-    """``count`` replicas ``r0``, ``r1``, ... of one cluster; replica i on CPU ``i % CPUS``."""
+    """``count`` replicas ``r0``, ``r1``, ... of one cluster; replica i on CPU ``i % CPUS``.
+    ``load_sync_ms`` None keeps the service's default."""
     urls, procs = [], []
     env = {} if index_sync else {"KVROUTE_INDEX_SYNC": "false"}
+    if load_sync_ms is not None:
+        env["KVROUTE_LOAD_SYNC_MS"] = repr(load_sync_ms)
     for i in range(count):
         port = free_port()
         args = [sys.executable, "-m", "kvroute", "serve", "--port", str(port)]

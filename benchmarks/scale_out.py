@@ -22,7 +22,8 @@ namespace (``--cluster``, after FLUSHALL).
    ``_fleet.InstantWorkers``: in production the workers are GPU servers on other machines, so
    they should take as little of this machine's CPU as possible) and ``wrk`` (closed loop,
    2 threads, 64 connections, distinct prompts sharing a prefix) against the balancer: the
-   routers' ceiling with 1, 2 and 4 replicas (and 4 without index sync), best of
+   routers' ceiling with 1, 2 and 4 replicas (and 4 without index sync; and 1 and 2 with a
+   Redis round trip per load operation, ``KVROUTE_LOAD_SYNC_MS=0``), best of
    ``--repeats`` interleaved runs. CPU per request of each part (replicas, nginx, Redis,
    workers, wrk) is read from ``/proc``, so the cost of sharing shows even when other jobs
    slow the run down; "dedicated cores" projects the 2-vs-1 scaling from it
@@ -86,14 +87,22 @@ POLICY = "lbgr"
 class RowSpec:
     replicas: int
     index_sync: bool = True
+    load_round_trips: bool = False  # KVROUTE_LOAD_SYNC_MS=0: a Redis round trip per operation
 
     @property
     def label(self) -> str:
         name = f"{self.replicas} replica{'s' if self.replicas > 1 else ''}"
-        return name if self.index_sync else f"{name}, index sync off"
+        if not self.index_sync:
+            name += ", index sync off"
+        if self.load_round_trips:
+            name += ", load round trips"
+        return name
 
 
 ROWS = (RowSpec(1), RowSpec(2), RowSpec(4), RowSpec(4, index_sync=False))
+# The load store's two modes side by side: the default mirror (reads local, writes batched)
+# and a round trip per read, reserve and release (load_sync_ms 0).
+THROUGHPUT_ROWS = (*ROWS, RowSpec(1, load_round_trips=True), RowSpec(2, load_round_trips=True))
 
 
 def _replicas(
@@ -107,6 +116,7 @@ def _replicas(
         policy=POLICY,
         index_sync=spec.index_sync,
         pin=not args.no_pin,
+        load_sync_ms=0.0 if spec.load_round_trips else None,
     )
 
 
@@ -294,7 +304,11 @@ def verdict(workload_rows: list[dict[str, Any]], rps_rows: list[dict[str, Any]])
     # measured; the rest of the set-up elsewhere): immune to other jobs on the machine.
     cpu1, cpu2 = _value(t1, "router_cpu_ms"), _value(t2, "router_cpu_ms")
     projected = ratio(2 * cpu1, cpu2) if cpu1 is not None else None
+    trips = _by_label(rps_rows, RowSpec(1, load_round_trips=True))
     return {
+        "mirror_rps_over_round_trips_1_replica": ratio(
+            _value(t1, "max_rps"), _value(trips, "max_rps")
+        ),
         "hit_rate_4_over_1": hit_ratio,
         "hit_rate_4_sync_off_over_1": off_ratio,
         "hit_rate_met": None if hit_ratio is None else hit_ratio >= 1.0 - HIT_TOLERANCE,
@@ -325,7 +339,9 @@ def verdict_text(v: dict[str, Any]) -> str:
         f"- router throughput, 2 replicas / 1: {fmt(v['throughput_2_over_1'], '.2f')}x "
         f"(target >= {SCALING_TARGET}x): {_yes(v['throughput_met'])}; with a dedicated core "
         f"per replica (2 x router CPU per request of 1 replica / of 2): "
-        f"{fmt(v['throughput_2_over_1_dedicated_cores'], '.2f')}x"
+        f"{fmt(v['throughput_2_over_1_dedicated_cores'], '.2f')}x\n"
+        f"- one replica, load mirror / a Redis round trip per operation: "
+        f"{fmt(v['mirror_rps_over_round_trips_1_replica'], '.2f')}x req/s"
     )
 
 
@@ -383,12 +399,12 @@ def run_throughput(args: Any) -> list[dict[str, Any]]:
     """Every row ``--repeats`` times, interleaved; each row keeps its best run (other jobs on
     a shared machine only ever slow a run down)."""
     workers = InstantWorkers(2)
-    runs: dict[str, list[dict[str, Any]]] = {spec.label: [] for spec in ROWS}
+    runs: dict[str, list[dict[str, Any]]] = {spec.label: [] for spec in THROUGHPUT_ROWS}
     store = RedisServer()
     try:
         pool = [(url, workers.proc) for url in workers.urls]
         for repeat in range(args.repeats):
-            for spec in ROWS:
+            for spec in THROUGHPUT_ROWS:
                 print(f"throughput: {spec.label} (run {repeat + 1}) ...", file=sys.stderr)
                 try:
                     runs[spec.label].append(throughput_row(spec, pool, store, args))
@@ -399,7 +415,7 @@ def run_throughput(args: Any) -> list[dict[str, Any]]:
         store.stop()
         workers.stop()
     rows = []
-    for spec in ROWS:
+    for spec in THROUGHPUT_ROWS:
         done = [r for r in runs[spec.label] if "error" not in r]
         best = max(done, key=lambda r: r["max_rps"]) if done else runs[spec.label][-1]
         rows.append({"row": spec.label, **best, "runs_rps": [r.get("max_rps") for r in done]})

@@ -72,7 +72,11 @@ def _build_state(settings: Settings) -> ServiceState:
             settings.max_in_flight, settings.rate_limit_rps, settings.rate_limit_burst
         ),
         store=make_store(
-            settings.redis_url, settings.cluster, settings.redis_timeout_ms, settings.time_scale
+            settings.redis_url,
+            settings.cluster,
+            settings.redis_timeout_ms,
+            settings.time_scale,
+            settings.load_sync_ms,
         ),
         decisions=DecisionLog(settings.explain_buffer),
         replica_id=settings.replica_id or f"replica-{secrets.token_hex(4)}",

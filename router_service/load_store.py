@@ -17,23 +17,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from router_service.routing.load import DECAY_FACTOR, DECAY_TICK_MS, EmbeddedLoadStore
+from router_service.routing.load import DECAY_FACTOR, DECAY_TICK_MS, EmbeddedLoadStore, decayed
 
-__all__ = ["EmbeddedStore", "FallbackStore", "LoadStore", "RedisStore", "StoreReservation"]
+__all__ = [
+    "EmbeddedStore",
+    "FallbackStore",
+    "LoadStore",
+    "RedisMirror",
+    "RedisStore",
+    "StoreReservation",
+]
 
 log = logging.getLogger("kvroute.load_store")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StoreReservation:
-    """A reservation and the store that holds it (released where it was made)."""
+    """A reservation and the store that holds it (released where it was made).
+
+    ``tick`` is the decay tick it was added at; a batched Redis store (``RedisMirror``) fills
+    it in when the batch reaches Redis (``-1`` until then).
+    """
 
     worker: str
     inc_ms: float
@@ -198,11 +212,313 @@ class RedisStore:
         await self.client.aclose()
 
 
+# One round trip applies a batch of reservations and releases and reads every worker's load.
+# KEYS: the keys to read (ARGV[1] of them) first, then keys only written. ARGV[2] reservations
+# as (key index, inc) pairs and ARGV[3] releases as (key index, inc, tick) triples follow.
+# Returns the server's clock in ms, the tick the batch was applied at, and the loads read.
+_SYNC = (
+    _PRELUDE
+    + f"""
+local n_read, n_res, n_rel = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local i = 4
+for _ = 1, n_res do
+  local key = KEYS[tonumber(ARGV[i])]
+  local v = decayed(key) + tonumber(ARGV[i + 1])
+  redis.call('HSET', key, 'v', tostring(v), 't', now_tick)
+  redis.call('EXPIRE', key, 3600)
+  i = i + 2
+end
+for _ = 1, n_rel do
+  local key = KEYS[tonumber(ARGV[i])]
+  if redis.call('EXISTS', key) == 1 then
+    local rem = tonumber(ARGV[i + 1])
+    local ticks = now_tick - tonumber(ARGV[i + 2])
+    if ticks > 0 then rem = rem * math.pow({DECAY_FACTOR!r}, ticks) end
+    local v = decayed(key) - rem
+    if v < 0 then v = 0 end
+    redis.call('HSET', key, 'v', tostring(v), 't', now_tick)
+  end
+  i = i + 3
+end
+local out = {{tostring(now_ms), now_tick}}
+for j = 1, n_read do out[j + 2] = tostring(decayed(KEYS[j])) end
+return out
+"""
+)
+
+
+class RedisMirror:
+    """The Redis store without a round trip per operation: reads from a local mirror,
+    writes in batches.
+
+    The per-operation store makes three round trips per request, two of them before the
+    request can leave (read every worker's load, reserve) and one after (release). Here a
+    decision reads a local copy of the loads, decayed to now on the server's clock (estimated
+    from the last sync), plus this replica's own operations that the copy does not hold yet;
+    reserve and release only queue. One script per sync applies the queued operations
+    atomically on the server's clock and reads every worker's load back, so DESIGN 3.2's
+    semantics hold (a release subtracts the remainder decayed since the tick its reservation
+    reached Redis at). A reservation released before its batch left is cancelled locally and
+    never reaches Redis.
+
+    Syncs run in one background task, one at a time: queued writes wait up to ``interval_ms``
+    so that they leave together. A read older than ``max_age_ms`` (one decay tick) asks for a
+    sync without waiting for it; a read waits only when the copy is older than ``stale_ms``
+    (an idle replica's first read) or lacks a worker, so a busy event loop never stalls
+    requests on Redis. Other replicas' operations show after about ``interval_ms`` plus one
+    sync of the reader's (bounded by ``stale_ms`` when it is idle). A failed sync fails the
+    reads waiting for it and calls ``on_error``; the fallback store then degrades and resets
+    the mirror.
+    """
+
+    mode = "redis"
+
+    def __init__(
+        self,
+        redis_store: RedisStore,
+        interval_ms: float = 5.0,
+        *,
+        max_age_ms: float = float(DECAY_TICK_MS),
+        stale_ms: float = 250.0,
+        on_error: Callable[[BaseException], None] | None = None,
+        timeout_ms: float = 1000.0,
+    ) -> None:
+        if interval_ms <= 0:
+            raise ValueError(f"interval_ms must be > 0, got {interval_ms}")
+        self.redis = redis_store
+        self.interval_s = interval_ms / 1000.0
+        self.max_age_ms = max_age_ms
+        self.stale_ms = max(stale_ms, max_age_ms)
+        # Off the request path, so generous: a busy event loop must not read as an outage.
+        self.timeout_s = timeout_ms / 1000.0
+        self.on_error = on_error
+        self._sync = redis_store.client.register_script(_SYNC)
+        self._wake = asyncio.Event()
+        self._urgent = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._in_flight = False
+        self._waiters: list[asyncio.Future[None]] = []
+        self.syncs = 0
+        self.operations_sent = 0
+        self.cancelled = 0  # reservations released before they were sent: never sent
+        self._loads: dict[str, tuple[float, int]] = {}  # worker -> (value, tick) at last sync
+        self._wanted: dict[str, None] = {}  # workers to read back (an ordered set)
+        self._offset_ms = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop everything queued and mark the copy stale (Redis was lost).
+
+        The copy itself and the workers it covers are kept until the next sync replaces them
+        (``refresh`` does that before traffic returns), so reads never wait after a reconnect.
+        """
+        self._fail_waiters(ConnectionError("the load mirror was reset"))
+        self._local_ms = -math.inf  # our clock when the last sync was sent
+        # The server's clock minus ours: each sync bounds it between its send and its reply;
+        # the tightest bounds of recent syncs give the estimate (as NTP filters samples).
+        self._offsets: deque[tuple[float, float]] = deque(maxlen=32)
+        self._reserves: dict[int, StoreReservation] = {}  # queued, by id()
+        self._releases: list[StoreReservation] = []  # queued; their reservations were sent
+        self._sending: list[StoreReservation] = []  # in the sync now in flight
+        self._sending_releases: list[StoreReservation] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.redis.start()
+        await self.redis.client.script_load(_SYNC)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._fail_waiters(ConnectionError("load store closed"))
+        await self.redis.close()
+
+    # -- operations --------------------------------------------------------------------------
+    async def read_many(self, workers: list[str]) -> dict[str, float]:
+        if not workers:
+            return {}
+        age_ms = _now_ms() - self._local_ms
+        missing = any(w not in self._loads for w in workers)
+        if missing or (age_ms > self.stale_ms and not self._busy):
+            await self._synced(workers)
+            if any(w not in self._loads for w in workers):  # reset while this read waited
+                raise ConnectionError("the load mirror was reset during the read")
+        elif age_ms > self.max_age_ms:
+            self._request_sync()  # refresh soon; this read uses the copy it has
+        tick = self._server_tick(_now_ms())
+        out = {}
+        for w in workers:
+            value, at = self._loads[w]
+            out[w] = decayed(value, tick - at)
+        # This replica's operations the copy does not hold yet (queued or in flight).
+        for res in (*self._reserves.values(), *self._sending):
+            if res.worker in out:
+                out[res.worker] += res.inc_ms
+        for res in (*self._releases, *self._sending_releases):
+            if res.worker in out:
+                ticks = tick - res.tick if res.tick >= 0 else 0
+                out[res.worker] -= decayed(res.inc_ms, ticks)
+        return {w: max(0.0, v) for w, v in out.items()}
+
+    async def reserve(self, worker: str, inc_ms: float) -> StoreReservation:
+        res = StoreReservation(worker, inc_ms, -1, "redis")
+        self._reserves[id(res)] = res
+        self._wake.set()
+        return res
+
+    async def release(self, reservation: StoreReservation) -> None:
+        if self._reserves.pop(id(reservation), None) is not None:
+            self.cancelled += 1  # never sent: nothing to undo in Redis
+        elif reservation.tick >= 0 or any(r is reservation for r in self._sending):
+            # Sent (or being sent: its tick arrives with the reply, before the next sync).
+            self._releases.append(reservation)
+            self._wake.set()
+        # else: queued before a reset (Redis was lost): it decays away wherever it landed
+
+    async def remove(self, worker: str) -> None:
+        self._loads.pop(worker, None)
+        self._wanted.pop(worker, None)
+        self._reserves = {k: r for k, r in self._reserves.items() if r.worker != worker}
+        self._releases = [r for r in self._releases if r.worker != worker]
+        await self.redis.remove(worker)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "sync_interval_ms": self.interval_s * 1000.0,
+            "syncs": self.syncs,
+            "operations_sent": self.operations_sent,
+            "cancelled_reservations": self.cancelled,
+        }
+
+    # -- syncing -----------------------------------------------------------------------------
+    def _server_tick(self, now_ms: float) -> int:
+        return int((now_ms + self._offset_ms) // DECAY_TICK_MS)
+
+    def _learn_offset(self, server_ms: float, sent_ms: float, received_ms: float) -> None:
+        self._offsets.append((server_ms - received_ms, server_ms - sent_ms))
+        low = max(lo for lo, _ in self._offsets)
+        high = min(hi for _, hi in self._offsets)
+        if low > high:  # the clocks moved apart (a wall-clock step on the server): start over
+            self._offsets.clear()
+            self._offsets.append((server_ms - received_ms, server_ms - sent_ms))
+            low, high = server_ms - received_ms, server_ms - sent_ms
+        self._offset_ms = (low + high) / 2.0
+
+    @property
+    def _busy(self) -> bool:
+        """A sync is on the wire or about to be: a busy loop's reads must not wait for it."""
+        return self._in_flight or self._wake.is_set()
+
+    async def refresh(self) -> None:
+        """Sync now and wait for it (after a reconnect, before traffic returns)."""
+        await self._synced(list(self._wanted))
+
+    def _request_sync(self) -> None:
+        self._wake.set()
+        self._urgent.set()
+
+    async def _synced(self, workers: list[str]) -> None:
+        """Wait for a sync that starts after this call and reads ``workers``."""
+        self._wanted.update(dict.fromkeys(workers))
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self._request_sync()
+        await fut
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            if not self._urgent.is_set():  # writes only: let a batch form
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.interval_s):
+                        await self._urgent.wait()
+            refresh = self._urgent.is_set()
+            self._wake.clear()
+            self._urgent.clear()
+            if not (refresh or self._waiters or self._reserves or self._releases):
+                continue  # everything queued was cancelled meanwhile
+            waiters, self._waiters = self._waiters, []
+            self._in_flight = True
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    await self._sync_once()
+            except Exception as exc:  # the loop must live on, and no read may wait forever
+                if not isinstance(exc, RedisError | OSError | TimeoutError):
+                    log.exception("load sync failed")
+                for fut in waiters:
+                    if not fut.done():
+                        fut.set_exception(ConnectionError(f"load sync failed: {exc!r}"))
+                if self.on_error is not None:
+                    self.on_error(exc)
+            else:
+                for fut in waiters:
+                    if not fut.done():
+                        fut.set_result(None)
+            finally:
+                self._in_flight = False
+
+    async def _sync_once(self) -> None:
+        reserves, self._reserves = list(self._reserves.values()), {}
+        # A release whose reservation's batch failed has no tick: that load decays on its own.
+        releases = [r for r in self._releases if r.tick >= 0]
+        self._releases = []
+        self._sending, self._sending_releases = reserves, releases
+        workers = list(dict.fromkeys([*self._wanted, *self._loads]))
+        keys = [self.redis.key(w) for w in workers]
+        index = {w: i + 1 for i, w in enumerate(workers)}
+
+        def key_index(worker: str) -> int:
+            if worker not in index:
+                keys.append(self.redis.key(worker))
+                index[worker] = len(keys)
+            return index[worker]
+
+        args: list[Any] = [len(workers), len(reserves), len(releases)]
+        for res in reserves:
+            args += [key_index(res.worker), repr(float(res.inc_ms))]
+        for res in releases:
+            args += [key_index(res.worker), repr(float(res.inc_ms)), res.tick]
+        sent_ms = _now_ms()
+        try:
+            reply = await self._sync(keys=keys, args=args)
+        finally:
+            # On failure the batch is lost with Redis (a reset follows): nothing to release.
+            self._sending, self._sending_releases = [], []
+        server_ms, tick = float(reply[0]), int(reply[1])
+        self._learn_offset(server_ms, sent_ms, _now_ms())
+        self._local_ms = sent_ms
+        self._loads = {w: (float(v), tick) for w, v in zip(workers, reply[2:], strict=True)}
+        for res in reserves:
+            res.tick = tick
+        self.syncs += 1
+        self.operations_sent += len(reserves) + len(releases)
+
+    def _fail_waiters(self, exc: Exception) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_exception(exc)
+
+
 class FallbackStore:
     """Redis first; the embedded store while Redis is unreachable; never blocks for long."""
 
-    def __init__(self, redis_store: RedisStore, timeout_ms: float = 50.0) -> None:
+    def __init__(
+        self, redis_store: RedisStore, timeout_ms: float = 50.0, sync_ms: float = 0.0
+    ) -> None:
         self.redis = redis_store
+        # sync_ms > 0: the mirror (no round trip per operation); 0: one script per operation.
+        self.backend: RedisStore | RedisMirror = (
+            RedisMirror(redis_store, sync_ms, on_error=self._degrade)
+            if sync_ms > 0
+            else redis_store
+        )
         self.embedded = EmbeddedStore()
         self.timeout_s = timeout_ms / 1000.0
         self.degraded = False
@@ -219,7 +535,7 @@ class FallbackStore:
         """Warm the Redis connection before serving, with more time than one operation gets;
         if Redis does not answer, start degraded and keep reconnecting."""
         try:
-            await asyncio.wait_for(self.redis.start(), max(self.timeout_s, 2.0))
+            await asyncio.wait_for(self.backend.start(), max(self.timeout_s, 2.0))
         except (RedisError, OSError, TimeoutError) as exc:
             self._degrade(exc)
 
@@ -227,7 +543,7 @@ class FallbackStore:
         if not self.degraded:
             try:
                 async with asyncio.timeout(self.timeout_s):  # no extra task, unlike wait_for
-                    return await getattr(self.redis, op)(*args)
+                    return await getattr(self.backend, op)(*args)
             except (RedisError, OSError, TimeoutError) as exc:
                 self._degrade(exc)
         self.fallbacks += 1
@@ -238,6 +554,8 @@ class FallbackStore:
         if not self.degraded:
             self.degraded = True
             self.outages += 1
+            if isinstance(self.backend, RedisMirror):
+                self.backend.reset()  # what it held or queued may be gone with Redis
             log.warning(
                 "Redis unavailable (%s); routing on the embedded load store", self.last_error
             )
@@ -253,7 +571,11 @@ class FallbackStore:
                 # operations after the restart fail on them and degrade the store again.
                 await self.redis.client.connection_pool.disconnect()
                 # A restarted Redis has lost the scripts: reload them before traffic returns.
-                await asyncio.wait_for(self.redis.start(), max(self.timeout_s, 0.5))
+                await asyncio.wait_for(self.backend.start(), max(self.timeout_s, 0.5))
+                if isinstance(self.backend, RedisMirror):
+                    # Fresh loads before traffic returns, so that no read waits on a busy loop.
+                    self.backend.reset()
+                    await asyncio.wait_for(self.backend.refresh(), max(self.timeout_s, 0.5))
             except (RedisError, OSError, TimeoutError):
                 delay = min(delay * 2, 5.0)
                 continue
@@ -271,36 +593,42 @@ class FallbackStore:
     async def release(self, reservation: StoreReservation) -> None:
         if reservation.store == "embedded":
             await self.embedded.release(reservation)
-        else:
+        elif not self.degraded:  # if Redis is gone the reservation decays away there
             with contextlib.suppress(RedisError, OSError, TimeoutError):
-                # If Redis is gone the reservation decays away there on its own.
                 async with asyncio.timeout(self.timeout_s):
-                    await self.redis.release(reservation)
+                    await self.backend.release(reservation)
 
     async def remove(self, worker: str) -> None:
         await self.embedded.remove(worker)
         with contextlib.suppress(RedisError, OSError, TimeoutError):
-            await asyncio.wait_for(self.redis.remove(worker), self.timeout_s)
+            await asyncio.wait_for(self.backend.remove(worker), self.timeout_s)
 
     def status(self) -> dict[str, Any]:
-        return {
+        out = {
             "mode": self.mode,
             "redis_connected": not self.degraded,
             "fallback_operations": self.fallbacks,
             "outages": self.outages,
             "last_error": self.last_error,
         }
+        if isinstance(self.backend, RedisMirror):
+            out |= {k: v for k, v in self.backend.status().items() if k != "mode"}
+        return out
 
     async def close(self) -> None:
         if self._reconnect is not None:
             self._reconnect.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reconnect
-        await self.redis.close()
+        await self.backend.close()
 
 
 def make_store(
-    redis_url: str | None, cluster: str, timeout_ms: float, time_scale: float = 1.0
+    redis_url: str | None,
+    cluster: str,
+    timeout_ms: float,
+    time_scale: float = 1.0,
+    sync_ms: float = 0.0,
 ) -> LoadStore:
     if not redis_url:
         return EmbeddedStore(time_scale)
@@ -310,4 +638,4 @@ def make_store(
         socket_timeout=max(timeout_ms / 1000.0, 0.2),
         health_check_interval=0,
     )
-    return FallbackStore(RedisStore(client, cluster), timeout_ms)
+    return FallbackStore(RedisStore(client, cluster), timeout_ms, sync_ms)

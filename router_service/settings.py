@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     cluster: str = "default"  # namespaces shared state in Redis
     redis_timeout_ms: float = Field(50.0, gt=0)
+    # With redis_url: reads come from a local mirror of the shared loads and writes go to
+    # Redis in batches at most this many ms apart (0: one round trip per read, reserve, release).
+    load_sync_ms: float = Field(5.0, ge=0, le=1000)
     index_sync: bool = True  # with redis_url: share the prefix index between replicas
     index_block_units: int = Field(16, ge=1, le=4096)
     admin_token: SecretStr | None = None

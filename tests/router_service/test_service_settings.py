@@ -136,6 +136,19 @@ def test_bad_yaml_names_the_field(
         load_settings(config({"polcy": "lbgr"}))
     with pytest.raises(SettingsError, match="redis_timeout_ms"):
         load_settings(config({"redis_timeout_ms": -1}))
+    with pytest.raises(SettingsError, match="load_sync_ms"):
+        load_settings(config({"load_sync_ms": -1}))
+
+
+def test_load_sync_interval_defaults_to_5_ms_and_0_means_round_trips(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings().load_sync_ms == 5.0
+    clean_env.setenv("KVROUTE_LOAD_SYNC_MS", "0")
+    assert load_settings().load_sync_ms == 0.0
+    clean_env.setenv("KVROUTE_LOAD_SYNC_MS", "5000")
+    with pytest.raises(SettingsError, match="load_sync_ms"):
+        load_settings()
 
 
 @pytest.mark.parametrize(

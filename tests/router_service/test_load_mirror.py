@@ -1,0 +1,301 @@
+"""``RedisMirror``: the Redis load store without a round trip per operation, against a real
+redis-server. A decision reads a local mirror plus this replica's unsent operations; writes
+leave in batches; the server applies them on its own clock with DESIGN 3.2's semantics."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from router_harness import RedisServer
+
+from router_service.load_store import FallbackStore, RedisMirror, RedisStore, make_store
+from router_service.routing.load import DECAY_FACTOR, DECAY_TICK_MS
+
+T = TypeVar("T")
+W = "http://127.0.0.1:30001"
+V = "http://127.0.0.1:30002"
+F = DECAY_FACTOR
+
+
+def run(make: Callable[[], Awaitable[T]]) -> T:
+    async def main() -> T:
+        return await make()
+
+    return asyncio.run(main())
+
+
+async def server_tick(client: aioredis.Redis) -> int:
+    seconds, micros = await client.time()
+    return (seconds * 1000 + micros // 1000) // DECAY_TICK_MS
+
+
+async def _mirror(
+    server: RedisServer, cluster: str, interval_ms: float, max_age_ms: float = 10_000.0
+) -> RedisMirror:
+    """``max_age_ms`` 0: every read waits for a fresh sync; else reads use the copy."""
+    mirror = RedisMirror(
+        RedisStore(aioredis.Redis.from_url(server.url), cluster),
+        interval_ms,
+        max_age_ms=max_age_ms,
+        stale_ms=max_age_ms,
+    )
+    await mirror.start()
+    return mirror
+
+
+async def _until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+async def _raw(mirror: RedisMirror, worker: str) -> float | None:
+    value = await mirror.redis.client.hget(mirror.redis.key(worker), "v")
+    return None if value is None else float(value)
+
+
+def test_own_operations_show_at_once_and_reach_redis_in_the_next_batch(
+    redis_server: RedisServer, cluster_name: str
+) -> None:
+    async def body() -> None:
+        a = await _mirror(redis_server, cluster_name, interval_ms=150)
+        b = await _mirror(redis_server, cluster_name, interval_ms=150, max_age_ms=0)
+        try:
+            assert await a.read_many([W, V]) == {W: 0.0, V: 0.0}  # first read: one sync
+            syncs = a.syncs
+            res = await a.reserve(W, 100.0)
+            assert res.tick == -1  # queued, not sent
+            assert (await a.read_many([W, V]))[W] == pytest.approx(100.0)  # no round trip
+            assert a.syncs == syncs
+            assert await _raw(a, W) is None  # the batch has not left yet
+            before = await server_tick(a.redis.client)
+            await _until(lambda: res.tick >= 0)
+            after = await server_tick(a.redis.client)
+            assert before <= res.tick <= after  # applied on the server's clock
+            assert await _raw(a, W) == pytest.approx(100.0)
+            seen = (await b.read_many([W]))[W]  # another replica: one sync, then the value
+            assert 100.0 * F ** (after - res.tick + 2) <= seen <= 100.0
+
+            await a.release(res)
+            assert (await a.read_many([W]))[W] == pytest.approx(0.0, abs=1e-9)  # at once
+            sent = a.operations_sent
+            await _until(lambda: a.operations_sent == sent + 1)
+            assert await _raw(a, W) == pytest.approx(0.0, abs=1e-9)
+            assert (await b.read_many([W]))[W] == pytest.approx(0.0, abs=1e-9)
+        finally:
+            await a.close()
+            await b.close()
+
+    run(body)
+
+
+def test_a_reservation_released_before_its_batch_leaves_never_reaches_redis(
+    redis_server: RedisServer, cluster_name: str
+) -> None:
+    async def body() -> None:
+        mirror = await _mirror(redis_server, cluster_name, interval_ms=100)
+        try:
+            await mirror.read_many([W])
+            syncs = mirror.syncs
+            res = await mirror.reserve(W, 80.0)
+            await mirror.release(res)
+            assert mirror.status()["cancelled_reservations"] == 1
+            await asyncio.sleep(0.3)  # several intervals: nothing was left to send
+            assert mirror.syncs == syncs
+            assert mirror.operations_sent == 0
+            exists = await mirror.redis.client.exists(mirror.redis.key(W))
+            assert exists == 0
+            await mirror.release(res)  # a second release of it is a no-op
+            assert (await mirror.read_many([W]))[W] == 0.0
+        finally:
+            await mirror.close()
+
+    run(body)
+
+
+def test_operations_within_an_interval_go_in_one_round_trip(
+    redis_server: RedisServer, cluster_name: str
+) -> None:
+    async def body() -> None:
+        mirror = await _mirror(redis_server, cluster_name, interval_ms=200)
+        try:
+            await mirror.read_many([W, V])
+            syncs = mirror.syncs
+            held = [await mirror.reserve(W if i % 2 else V, 10.0) for i in range(20)]
+            await _until(lambda: mirror.operations_sent == 20)
+            assert mirror.syncs == syncs + 1  # twenty reservations, one script call
+            assert await _raw(mirror, W) == pytest.approx(100.0)
+            assert await _raw(mirror, V) == pytest.approx(100.0)
+            for res in held:
+                await mirror.release(res)
+            await _until(lambda: mirror.operations_sent == 40)
+            assert mirror.syncs == syncs + 2
+            assert await _raw(mirror, W) == pytest.approx(0.0, abs=1e-6)
+        finally:
+            await mirror.close()
+
+    run(body)
+
+
+def test_release_subtracts_the_remainder_decayed_from_the_tick_it_reached_redis(
+    redis_server: RedisServer, cluster_name: str
+) -> None:
+    async def body() -> None:
+        mirror = await _mirror(redis_server, cluster_name, interval_ms=5)
+        try:
+            first = await mirror.reserve(W, 100.0)
+            second = await mirror.reserve(W, 50.0)
+            await _until(lambda: second.tick >= 0)
+            assert first.tick == second.tick  # one batch
+            await asyncio.sleep(0.1)
+            await mirror.release(first)
+            await _until(lambda: mirror.operations_sent == 3)
+            value = await _raw(mirror, W)
+            now = await server_tick(mirror.redis.client)
+            assert value is not None
+            # (100 + 50) F^k - 100 F^k = 50 F^k, k = ticks since the batch (one tick slack)
+            assert 50.0 * F ** (now - first.tick + 1) <= value <= 50.0 * F ** (now - first.tick - 6)
+            assert value < 50.0 * F**3  # the 100 ms sleep is ~5 ticks of decay
+        finally:
+            await mirror.close()
+
+    run(body)
+
+
+def test_reads_decay_locally_on_the_servers_clock(
+    redis_server: RedisServer, cluster_name: str
+) -> None:
+    async def body() -> None:
+        mirror = await _mirror(redis_server, cluster_name, interval_ms=5)
+        try:
+            res = await mirror.reserve(W, 100.0)
+            await _until(lambda: res.tick >= 0)
+            await mirror.read_many([W])
+            syncs = mirror.syncs
+            await asyncio.sleep(0.2)
+            local = (await mirror.read_many([W]))[W]  # max age 10 s: from the mirror
+            server = (await mirror.redis.read_many([W]))[W]
+            assert mirror.syncs == syncs
+            assert local < 100.0 * F**5  # ~10 ticks passed
+            assert server * F * 0.999 <= local <= server / F * 1.001  # within a tick
+        finally:
+            await mirror.close()
+
+    run(body)
+
+
+def test_a_replica_always_sees_its_own_reservations_even_while_a_batch_is_in_flight(
+    redis_server: RedisServer, cluster_name: str
+) -> None:
+    """Many concurrent requests: each one's read right after its reserve includes it, whether
+    it is queued, in the batch on the wire, or applied; all released, the load returns to 0."""
+
+    async def body() -> None:
+        mirror = await _mirror(redis_server, cluster_name, interval_ms=1, max_age_ms=3)
+        rng = random.Random(7)
+        low: list[float] = []
+
+        async def request(i: int) -> None:
+            await asyncio.sleep(rng.random() * 0.2)
+            res = await mirror.reserve(W, 1000.0)
+            low.append((await mirror.read_many([W]))[W])
+            await asyncio.sleep(rng.random() * 0.01)
+            await mirror.release(res)
+
+        try:
+            await asyncio.gather(*(request(i) for i in range(200)))
+            assert min(low) >= 1000.0 * F  # its own reservation, at most a tick decayed
+            await _until(lambda: not mirror._reserves and not mirror._releases, 2.0)
+            await asyncio.sleep(0.05)
+            assert (await mirror.read_many([W]))[W] == pytest.approx(0.0, abs=1e-6)
+            assert (await mirror.redis.read_many([W]))[W] == pytest.approx(0.0, abs=1e-6)
+            assert mirror.syncs < 400  # fewer round trips than operations
+        finally:
+            await mirror.close()
+
+    run(body)
+
+
+def test_fallback_with_the_mirror_survives_an_outage_and_reconnects(
+    own_redis: RedisServer, cluster_name: str
+) -> None:
+    async def body() -> None:
+        store = make_store(own_redis.url, cluster_name, 100, sync_ms=5)
+        assert isinstance(store, FallbackStore)
+        assert isinstance(store.backend, RedisMirror)
+        await store.start()
+        try:
+            before = await store.reserve(W, 100.0)
+            assert before.store == "redis"
+            await _until(lambda: before.tick >= 0)
+            assert store.status()["syncs"] >= 1
+
+            own_redis.stop()
+            await asyncio.sleep(0.05)  # the mirror is now older than a tick: reads sync
+            started = time.monotonic()
+            await store.read_many([W])  # fails over to the embedded store
+            assert time.monotonic() - started < 1.0  # never blocks for long
+            status = store.status()
+            assert status["mode"] == "embedded-fallback"
+            assert status["outages"] == 1
+            during = await store.reserve(W, 40.0)
+            assert during.store == "embedded"
+            assert (await store.read_many([W]))[W] == pytest.approx(40.0, rel=0.1)
+            await store.release(before)  # Redis is gone: it decays there on its own
+            await store.release(during)
+            assert (await store.read_many([W]))[W] == pytest.approx(0.0, abs=1e-9)
+
+            own_redis.start()
+            await _until(lambda: store.mode == "redis", 10.0)
+            after = await store.reserve(W, 25.0)
+            assert after.store == "redis"
+            await _until(lambda: after.tick >= 0)
+            assert (await store.redis.read_many([W]))[W] == pytest.approx(25.0, rel=0.1)
+            assert (await store.read_many([W]))[W] == pytest.approx(25.0, rel=0.1)
+            assert store.status()["outages"] == 1
+        finally:
+            await store.close()
+
+    run(body)
+    direct = redis.Redis.from_url(own_redis.url)
+    try:
+        assert direct.exists(f"kvroute:{cluster_name}:load:{W}") == 1
+    finally:
+        direct.close()
+
+
+def test_remove_forgets_the_worker_everywhere(redis_server: RedisServer, cluster_name: str) -> None:
+    async def body() -> None:
+        mirror = await _mirror(redis_server, cluster_name, interval_ms=5)
+        try:
+            res = await mirror.reserve(W, 10.0)
+            await _until(lambda: res.tick >= 0)
+            await mirror.reserve(W, 5.0)  # queued
+            await mirror.remove(W)
+            assert await mirror.redis.client.exists(mirror.redis.key(W)) == 0
+            assert (await mirror.read_many([W]))[W] == 0.0
+            await asyncio.sleep(0.05)
+            assert await mirror.redis.client.exists(mirror.redis.key(W)) == 0
+        finally:
+            await mirror.close()
+
+    run(body)
+
+
+def test_interval_must_be_positive(redis_server: RedisServer) -> None:
+    client = aioredis.Redis.from_url(redis_server.url)
+    with pytest.raises(ValueError, match="interval_ms"):
+        RedisMirror(RedisStore(client, "c"), 0)
+    per_operation = make_store(redis_server.url, "c", 50)
+    assert isinstance(per_operation, FallbackStore)
+    assert isinstance(per_operation.backend, RedisStore)  # sync_ms 0: the old path
+    run(per_operation.close)
+    run(client.aclose)
