@@ -163,7 +163,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state.session = aiohttp.ClientSession(
         connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
     )
-    await state.store.start()
+    await state.store.start(state.pool.urls())  # with Redis: the loads copied before serving
     await _restore_models(state)
     await asyncio.wait_for(state.pool.check_all(), settings.health_timeout_s + 1.0)
 

@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,7 +59,7 @@ class LoadStore(Protocol):
     @property
     def mode(self) -> str: ...
 
-    async def start(self) -> None: ...
+    async def start(self, workers: Sequence[str] = ()) -> None: ...
 
     async def read_many(self, workers: list[str]) -> dict[str, float]: ...
 
@@ -94,7 +94,7 @@ class EmbeddedStore:
     def _now_ms(self) -> float:
         return _now_ms() * self._scale
 
-    async def start(self) -> None:
+    async def start(self, workers: Sequence[str] = ()) -> None:
         pass
 
     async def read_many(self, workers: list[str]) -> dict[str, float]:
@@ -262,13 +262,15 @@ class RedisMirror:
     never reaches Redis.
 
     Syncs run in one background task, one at a time: queued writes wait up to ``interval_ms``
-    so that they leave together. A read older than ``max_age_ms`` (one decay tick) asks for a
-    sync without waiting for it; a read waits only when the copy is older than ``stale_ms``
-    (an idle replica's first read) or lacks a worker, so a busy event loop never stalls
-    requests on Redis. Other replicas' operations show after about ``interval_ms`` plus one
-    sync of the reader's (bounded by ``stale_ms`` when it is idle). A failed sync fails the
-    reads waiting for it and calls ``on_error``; the fallback store then degrades and resets
-    the mirror.
+    so that they leave together. A read of a copy older than ``max_age_ms`` (one decay tick)
+    asks for a sync. It waits for that sync only if the copy is older than ``stale_ms`` and no
+    sync is under way (``must_wait``: an idle replica, whose loop answers at once), and the
+    fallback store bounds that wait by the Redis timeout and then uses the copy: a busy event
+    loop never stalls requests on Redis, nor reads as an outage (the syncer's own failures
+    report those). Other replicas' operations show after about ``interval_ms`` plus one sync
+    of the reader's. A worker new to the copy reads 0 until the sync it asks for. A failed
+    sync fails the reads waiting for it and calls ``on_error``; the fallback store then
+    degrades and resets the mirror.
     """
 
     mode = "redis"
@@ -279,7 +281,7 @@ class RedisMirror:
         interval_ms: float = 5.0,
         *,
         max_age_ms: float = float(DECAY_TICK_MS),
-        stale_ms: float = 250.0,
+        stale_ms: float = float(DECAY_TICK_MS),
         on_error: Callable[[BaseException], None] | None = None,
         timeout_ms: float = 1000.0,
     ) -> None:
@@ -342,18 +344,31 @@ class RedisMirror:
     async def read_many(self, workers: list[str]) -> dict[str, float]:
         if not workers:
             return {}
-        age_ms = _now_ms() - self._local_ms
-        missing = any(w not in self._loads for w in workers)
-        if missing or (age_ms > self.stale_ms and not self._busy):
+        if self.must_wait():
+            asked_ms = _now_ms()
             await self._synced(workers)
-            if any(w not in self._loads for w in workers):  # reset while this read waited
+            if self._local_ms < asked_ms:  # reset while this read waited
                 raise ConnectionError("the load mirror was reset during the read")
-        elif age_ms > self.max_age_ms:
+        return self.read_local(workers)
+
+    def must_wait(self) -> bool:
+        """Would a read wait for a sync (an idle replica's old copy, or none yet)? If not,
+        ``read_local`` answers it without I/O."""
+        return _now_ms() - self._local_ms > self.stale_ms and not self._busy
+
+    def read_local(self, workers: list[str]) -> dict[str, float]:
+        """The loads from the copy; a worker it does not cover yet reads 0 until the sync
+        this asks for (a worker just added, whose load is 0 unless others sent to it)."""
+        now_ms = _now_ms()
+        missing = [w for w in workers if w not in self._loads]
+        if missing:
+            self._wanted.update(dict.fromkeys(missing))
+        if missing or now_ms - self._local_ms > self.max_age_ms:
             self._request_sync()  # refresh soon; this read uses the copy it has
-        tick = self._server_tick(_now_ms())
+        tick = self._server_tick(now_ms)
         out = {}
         for w in workers:
-            value, at = self._loads[w]
+            value, at = self._loads.get(w, (0.0, tick))
             out[w] = decayed(value, tick - at)
         # This replica's operations the copy does not hold yet (queued or in flight).
         for res in (*self._reserves.values(), *self._sending):
@@ -368,6 +383,7 @@ class RedisMirror:
     async def reserve(self, worker: str, inc_ms: float) -> StoreReservation:
         res = StoreReservation(worker, inc_ms, -1, "redis")
         self._reserves[id(res)] = res
+        self._wanted.setdefault(worker)  # read its load back with the batch
         self._wake.set()
         return res
 
@@ -415,9 +431,9 @@ class RedisMirror:
         """A sync is on the wire or about to be: a busy loop's reads must not wait for it."""
         return self._in_flight or self._wake.is_set()
 
-    async def refresh(self) -> None:
-        """Sync now and wait for it (after a reconnect, before traffic returns)."""
-        await self._synced(list(self._wanted))
+    async def refresh(self, workers: Sequence[str] = ()) -> None:
+        """Sync now and wait for it (at start and after a reconnect, before traffic)."""
+        await self._synced(list(workers))
 
     def _request_sync(self) -> None:
         self._wake.set()
@@ -531,13 +547,19 @@ class FallbackStore:
     def mode(self) -> str:
         return "embedded-fallback" if self.degraded else "redis"
 
-    async def start(self) -> None:
-        """Warm the Redis connection before serving, with more time than one operation gets;
-        if Redis does not answer, start degraded and keep reconnecting."""
+    async def start(self, workers: Sequence[str] = ()) -> None:
+        """Warm the Redis connection (and the mirror's copy of ``workers``' loads) before
+        serving, with more time than one operation gets; if Redis does not answer, start
+        degraded and keep reconnecting."""
         try:
-            await asyncio.wait_for(self.backend.start(), max(self.timeout_s, 2.0))
+            await asyncio.wait_for(self._warm(workers), max(self.timeout_s, 2.0))
         except (RedisError, OSError, TimeoutError) as exc:
             self._degrade(exc)
+
+    async def _warm(self, workers: Sequence[str]) -> None:
+        await self.backend.start()
+        if isinstance(self.backend, RedisMirror):
+            await self.backend.refresh(workers)
 
     async def _call(self, op: str, *args: Any) -> Any:
         if not self.degraded:
@@ -583,17 +605,35 @@ class FallbackStore:
             log.warning("Redis is back; shared load store restored")
 
     async def read_many(self, workers: list[str]) -> dict[str, float]:
+        mirror = self.backend
+        if isinstance(mirror, RedisMirror) and not self.degraded:
+            if mirror.must_wait():  # an idle replica's old copy: a fresh one is quick to get
+                try:
+                    async with asyncio.timeout(self.timeout_s):
+                        await mirror.refresh(workers)
+                except TimeoutError:
+                    pass  # a busy loop, not an outage (the syncer reports those): use the copy
+                except (RedisError, OSError) as exc:
+                    self._degrade(exc)
+                    self.fallbacks += 1
+                    return await self.embedded.read_many(workers)
+            return mirror.read_local(workers)  # no I/O on the hot path
         values: dict[str, float] = await self._call("read_many", workers)
         return values
 
     async def reserve(self, worker: str, inc_ms: float) -> StoreReservation:
+        if isinstance(self.backend, RedisMirror) and not self.degraded:
+            return await self.backend.reserve(worker, inc_ms)  # queued: never fails
         res: StoreReservation = await self._call("reserve", worker, inc_ms)
         return res
 
     async def release(self, reservation: StoreReservation) -> None:
         if reservation.store == "embedded":
             await self.embedded.release(reservation)
-        elif not self.degraded:  # if Redis is gone the reservation decays away there
+        elif isinstance(self.backend, RedisMirror):
+            if not self.degraded:  # if Redis is gone the reservation decays away there
+                await self.backend.release(reservation)  # queued: never fails
+        elif not self.degraded:
             with contextlib.suppress(RedisError, OSError, TimeoutError):
                 async with asyncio.timeout(self.timeout_s):
                     await self.backend.release(reservation)

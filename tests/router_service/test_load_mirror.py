@@ -239,10 +239,11 @@ def test_fallback_with_the_mirror_survives_an_outage_and_reconnects(
             assert store.status()["syncs"] >= 1
 
             own_redis.stop()
-            await asyncio.sleep(0.05)  # the mirror is now older than a tick: reads sync
+            await asyncio.sleep(0.05)  # the copy is now older than a tick: a read asks to sync
             started = time.monotonic()
-            await store.read_many([W])  # fails over to the embedded store
+            await store.read_many([W])
             assert time.monotonic() - started < 1.0  # never blocks for long
+            await _until(lambda: store.mode == "embedded-fallback", 2.0)  # that sync failed
             status = store.status()
             assert status["mode"] == "embedded-fallback"
             assert status["outages"] == 1
@@ -299,3 +300,49 @@ def test_interval_must_be_positive(redis_server: RedisServer) -> None:
     assert isinstance(per_operation.backend, RedisStore)  # sync_ms 0: the old path
     run(per_operation.close)
     run(client.aclose)
+
+
+def test_a_worker_new_to_the_copy_reads_0_at_once_and_its_load_arrives_with_the_next_sync(
+    redis_server: RedisServer, cluster_name: str
+) -> None:
+    async def body() -> None:
+        writer = await _mirror(redis_server, cluster_name, interval_ms=1)
+        reader = await _mirror(redis_server, cluster_name, interval_ms=1)
+        try:
+            res = await writer.reserve(V, 300.0)  # load another replica put on V
+            await _until(lambda: res.tick >= 0)
+            await reader.read_many([W])  # the reader's copy covers W only
+            syncs = reader.syncs
+            assert not reader.must_wait()
+            assert reader.read_local([W, V])[V] == 0.0  # not waited for: V is new to it
+            await _until(lambda: reader.syncs > syncs)  # ...which asked for a sync
+            assert 300.0 * F**3 <= reader.read_local([W, V])[V] <= 300.0
+        finally:
+            await writer.close()
+            await reader.close()
+
+    run(body)
+
+
+def test_the_fallback_store_copies_the_loads_before_serving(
+    redis_server: RedisServer, cluster_name: str
+) -> None:
+    async def body() -> None:
+        writer = await _mirror(redis_server, cluster_name, interval_ms=1)
+        store = make_store(redis_server.url, cluster_name, 50, sync_ms=5)
+        assert isinstance(store, FallbackStore)
+        assert isinstance(store.backend, RedisMirror)
+        try:
+            res = await writer.reserve(W, 200.0)
+            await _until(lambda: res.tick >= 0)
+            await store.start([W, V])
+            assert store.status()["syncs"] == 1
+            assert not store.backend.must_wait()  # the first request does not wait on Redis
+            loads = await store.read_many([W, V])
+            assert 200.0 * F**3 <= loads[W] <= 200.0
+            assert loads[V] == 0.0
+        finally:
+            await writer.close()
+            await store.close()
+
+    run(body)

@@ -56,6 +56,8 @@ def test_load_reserved_on_one_replica_is_seen_by_another(
     thread, out = _in_background(replica_a, {"text": "A" * 400})
     try:
         assert wait_until(lambda: w1.served() == 1)
+        # A's reservation reaches Redis with A's next batch (a few ms), then B's copy.
+        assert wait_until(lambda: _queue(replica_b)[w1.url] > 50, 1.0, 0.01)
         seen_by_b = _queue(replica_b)
         assert 50 < seen_by_b[w1.url] <= 400  # 400 ms reserved, decaying (half-life 436 ms)
         assert seen_by_b[w2.url] == 0.0
@@ -154,12 +156,13 @@ def _health(router: RouterServer) -> dict[str, Any]:
 
 def test_redis_outage_falls_back_to_embedded_and_reconnects(
     routers: Callable[..., RouterServer],
-    two_workers: tuple[FakeWorker, FakeWorker],
+    workers: Callable[..., FakeWorker],
     own_redis: RedisServer,
     cluster_name: str,
 ) -> None:
+    slow = [workers("a", delay_s=0.05), workers("b", delay_s=0.05)]  # reservations get sent
     router = routers(
-        worker_urls=[w.url for w in two_workers], redis_url=own_redis.url, cluster=cluster_name
+        worker_urls=[w.url for w in slow], redis_url=own_redis.url, cluster=cluster_name
     )
     assert router.client.post("/generate", json={"text": "before"}).status_code == 200
     health = _health(router)
