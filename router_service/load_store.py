@@ -8,6 +8,9 @@ ms per worker that decays by 31/32 every 20 ms, reservations and decayed-remaind
   the server, on the server's clock (``TIME``), so replicas with skewed clocks agree. Keys are
   ``kvroute:{cluster}:load:{worker}`` hashes ``{v, t}`` (value, tick); they expire after an
   hour idle, and no prompt text is ever written.
+- ``RedisMirror``: the same keys and scripts' semantics without a round trip per operation:
+  decisions read a local copy, writes leave in batches (the service's default,
+  ``load_sync_ms`` 5; 0 uses ``RedisStore`` directly).
 - ``FallbackStore``: Redis while it answers within a small timeout; otherwise the embedded
   store, counted and reported in ``/health``, while a background task reconnects with backoff.
 """
@@ -407,6 +410,11 @@ class RedisMirror:
         return {
             "mode": self.mode,
             "sync_interval_ms": self.interval_s * 1000.0,
+            # How old the copy is now: the most another replica's operations can be unseen
+            # here, beyond their own batch interval (None before the first sync).
+            "copy_age_ms": (
+                round(_now_ms() - self._local_ms, 3) if self._local_ms > -math.inf else None
+            ),
             "syncs": self.syncs,
             "operations_sent": self.operations_sent,
             "cancelled_reservations": self.cancelled,

@@ -335,8 +335,10 @@ def test_the_fallback_store_copies_the_loads_before_serving(
         try:
             res = await writer.reserve(W, 200.0)
             await _until(lambda: res.tick >= 0)
+            assert store.status()["copy_age_ms"] is None  # nothing copied yet
             await store.start([W, V])
             assert store.status()["syncs"] == 1
+            assert 0 <= store.status()["copy_age_ms"] < 1000
             assert not store.backend.must_wait()  # the first request does not wait on Redis
             loads = await store.read_many([W, V])
             assert 200.0 * F**3 <= loads[W] <= 200.0
