@@ -335,7 +335,12 @@ class RedisMirror:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
+        """Send what is queued (the releases of requests that ended while draining), then
+        stop; if Redis does not take it in time, those loads decay there on their own."""
         if self._task is not None:
+            if (self._reserves or self._releases) and not self._task.done():
+                with contextlib.suppress(RedisError, OSError, TimeoutError):
+                    await asyncio.wait_for(self.refresh(), self.timeout_s)
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task

@@ -348,3 +348,26 @@ def test_the_fallback_store_copies_the_loads_before_serving(
             await store.close()
 
     run(body)
+
+
+def test_close_sends_what_is_queued(redis_server: RedisServer, cluster_name: str) -> None:
+    """A replica that drains and stops sends its last releases instead of leaving their
+    reservations to decay in Redis."""
+
+    async def body() -> None:
+        mirror = await _mirror(redis_server, cluster_name, interval_ms=60_000)
+        res = await mirror.reserve(W, 100.0)
+        await mirror.refresh()  # sent now; the release below would wait a minute
+        assert res.tick >= 0
+        await mirror.release(res)
+        assert await _raw(mirror, W) == pytest.approx(100.0, rel=0.1)
+        client = aioredis.Redis.from_url(redis_server.url)
+        try:
+            await mirror.close()
+            value = await client.hget(mirror.redis.key(W), "v")
+            assert value is not None
+            assert float(value) == pytest.approx(0.0, abs=1e-9)
+        finally:
+            await client.aclose()
+
+    run(body)
