@@ -282,14 +282,15 @@ def post_json(url: str, body: bytes) -> None:
         resp.read()
 
 
-_BUCKET = re.compile(r'^kvroute_index_sync_lag_seconds_bucket\{le="([^"]+)"\} (\S+)$', re.M)
-
-
-def sync_lag(replica_urls: Sequence[str]) -> dict[str, Any]:
-    """Merged lag histogram of the replicas: count and interpolated p50/p99 (seconds)."""
+def sync_lag(
+    replica_urls: Sequence[str], metric: str = "kvroute_index_sync_lag_seconds"
+) -> dict[str, Any]:
+    """A histogram merged over the replicas (the index sync lag unless ``metric`` says
+    otherwise): count and interpolated p50/p99 (seconds)."""
+    pattern = re.compile(rf'^{metric}_bucket\{{le="([^"]+)"\}} (\S+)$', re.M)
     buckets: dict[float, float] = {}
     for url in replica_urls:
-        for le, count in _BUCKET.findall(get_text(url + "/metrics")):
+        for le, count in pattern.findall(get_text(url + "/metrics")):
             bound = float("inf") if le == "+Inf" else float(le)
             buckets[bound] = buckets.get(bound, 0.0) + float(count)
     bounds = sorted(buckets)

@@ -12,9 +12,11 @@ namespace (``--cluster``, after FLUSHALL).
    prompts as ``input_ids``). Cluster hit rate from the workers' ``/metrics``; p50/p95
    latency in emulated seconds; the index sync lag as quantiles of the replicas' merged
    ``kvroute_index_sync_lag_seconds`` histograms (interpolated within buckets, as Prometheus'
-   ``histogram_quantile``). The last row runs 4 replicas with ``KVROUTE_INDEX_SYNC=false``:
-   load still shared, prefix knowledge not (each replica knows only what it routed itself,
-   the situation of sglang-router replicas).
+   ``histogram_quantile``); likewise how old each decision's copy of the shared loads was
+   (``kvroute_load_copy_age_seconds``: another replica's reservation is unseen for at most
+   its batch interval plus that age). The last row runs 4 replicas with
+   ``KVROUTE_INDEX_SYNC=false``: load still shared, prefix knowledge not (each replica knows
+   only what it routed itself, the situation of sglang-router replicas).
    Time scale 2x (24 req/s of wall time): what one router and 4 emulated workers sustain on
    a shared 2-core machine (see ``compare_routers.py``); the table shows the harness's own CPU
    (load generator, balancer, Redis, workers, replicas: cores busy) and the machine's.
@@ -144,6 +146,7 @@ def workload_row(
         cores = (harness_cpu_s() - cpu_before) / (time.perf_counter() - started)
         busy = busy_fraction(before, machine_jiffies())
         lag = sync_lag(urls) if spec.index_sync and spec.replicas > 1 else {}
+        age = {} if spec.load_round_trips else sync_lag(urls, "kvroute_load_copy_age_seconds")
         failures = Counter(r.error or f"HTTP {r.status}" for r in results if not r.ok)
         if failures:
             summary["failures"] = dict(failures.most_common(5))
@@ -160,6 +163,8 @@ def workload_row(
         "lag_events": lag.get("events"),
         "lag_p50_ms": _ms(lag.get("p50_s")),
         "lag_p99_ms": _ms(lag.get("p99_s")),
+        "copy_age_p50_ms": _ms(age.get("p50_s")),
+        "copy_age_p99_ms": _ms(age.get("p99_s")),
         "harness_cores": round(cores, 3),
         "machine_busy": busy,
     }
@@ -233,6 +238,7 @@ def throughput_row(
         cpu = {name: group_cpu_s(group) - cpu_before[name] for name, group in parts.items()}
         cpu["wrk"] = children_cpu_s() - wrk_before
         lag = sync_lag(urls) if spec.index_sync and spec.replicas > 1 else {}
+        age = {} if spec.load_round_trips else sync_lag(urls, "kvroute_load_copy_age_seconds")
         if result["non_2xx"] or result["socket_errors"]:
             result["balancer_errors"] = balancer.errors()
             result["replicas_alive"] = sum(1 for p in procs if p.poll() is None)
@@ -250,6 +256,8 @@ def throughput_row(
         "other_cpu_ms": round(sum(v for k, v in per_request.items() if k != "routers"), 4),
         "lag_p50_ms": _ms(lag.get("p50_s")),
         "lag_p99_ms": _ms(lag.get("p99_s")),
+        "copy_age_p50_ms": _ms(age.get("p50_s")),
+        "copy_age_p99_ms": _ms(age.get("p99_s")),
         "machine_busy": busy,
     }
 
@@ -266,6 +274,8 @@ WORKLOAD_COLUMNS = (
     ("failed", "failed", "{}"),
     ("sync lag p50 (ms)", "lag_p50_ms", "{:.2f}"),
     ("sync lag p99 (ms)", "lag_p99_ms", "{:.2f}"),
+    ("load copy age p50 (ms)", "copy_age_p50_ms", "{:.2f}"),
+    ("load copy age p99 (ms)", "copy_age_p99_ms", "{:.2f}"),
     ("harness CPU (cores)", "harness_cores", "{:.2f}"),
     ("machine busy", "machine_busy", "{:.0%}"),
 )
@@ -278,6 +288,8 @@ THROUGHPUT_COLUMNS = (
     ("rest CPU (ms/req)", "other_cpu_ms", "{:.3f}"),
     ("sync lag p50 (ms)", "lag_p50_ms", "{:.2f}"),
     ("sync lag p99 (ms)", "lag_p99_ms", "{:.2f}"),
+    ("load copy age p50 (ms)", "copy_age_p50_ms", "{:.2f}"),
+    ("load copy age p99 (ms)", "copy_age_p99_ms", "{:.2f}"),
     ("machine busy", "machine_busy", "{:.0%}"),
 )
 HIT_TOLERANCE = 0.05  # 4 replicas within 5% (relative) of one replica's hit rate

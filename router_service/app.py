@@ -35,7 +35,7 @@ from router_service.breaker import BreakerSettings
 from router_service.decisions import DecisionLog
 from router_service.errors import ServiceError, error_response, internal_error_response
 from router_service.index_sync import IndexSync
-from router_service.load_store import make_store
+from router_service.load_store import FallbackStore, RedisMirror, make_store
 from router_service.metrics import Metrics
 from router_service.model_snapshots import ModelSnapshots
 from router_service.proxy import forward
@@ -86,6 +86,8 @@ def _build_state(settings: Settings) -> ServiceState:
     for url in settings.worker_urls:
         state.pool.add(url)
     state.metrics = Metrics(state.snapshot, state.replica_id)
+    if isinstance(state.store, FallbackStore) and isinstance(state.store.backend, RedisMirror):
+        state.store.backend.on_read_age = state.metrics.load_copy_age_seconds.observe
     redis = None
     if settings.redis_url:
         # Separate from the load store's client: XREAD blocks for a second and snapshots are

@@ -306,6 +306,8 @@ class RedisMirror:
         self.syncs = 0
         self.operations_sent = 0
         self.cancelled = 0  # reservations released before they were sent: never sent
+        # Called with the copy's age in seconds at every read (kvroute_load_copy_age_seconds).
+        self.on_read_age: Callable[[float], None] | None = None
         self._loads: dict[str, tuple[float, int]] = {}  # worker -> (value, tick) at last sync
         self._wanted: dict[str, None] = {}  # workers to read back (an ordered set)
         self._offset_ms = 0.0
@@ -368,10 +370,13 @@ class RedisMirror:
         """The loads from the copy; a worker it does not cover yet reads 0 until the sync
         this asks for (a worker just added, whose load is 0 unless others sent to it)."""
         now_ms = _now_ms()
+        age_ms = now_ms - self._local_ms
+        if self.on_read_age is not None and age_ms < math.inf:
+            self.on_read_age(age_ms / 1000.0)
         missing = [w for w in workers if w not in self._loads]
         if missing:
             self._wanted.update(dict.fromkeys(missing))
-        if missing or now_ms - self._local_ms > self.max_age_ms:
+        if missing or age_ms > self.max_age_ms:
             self._request_sync()  # refresh soon; this read uses the copy it has
         tick = self._server_tick(now_ms)
         out = {}

@@ -17,6 +17,7 @@
 | ``kvroute_redis_connected`` | gauge | |
 | ``kvroute_index_units`` | gauge | worker |
 | ``kvroute_index_sync_lag_seconds`` | histogram | |
+| ``kvroute_load_copy_age_seconds`` | histogram | |
 | ``kvroute_index_sync_events`` | gauge | kind (published/applied/dropped) |
 | ``kvroute_replica_info`` | gauge | replica_id |
 
@@ -125,6 +126,12 @@ class Metrics:
             "kvroute_index_sync_lag_seconds",
             "Delay from another replica's routing decision to its index update here",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.load_copy_age_seconds = Histogram(
+            "kvroute_load_copy_age_seconds",
+            "Age of the copy of the shared loads a routing decision read (Redis load mirror)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
             registry=r,
         )
         self.requests = Counter(

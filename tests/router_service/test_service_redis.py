@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -223,3 +224,37 @@ def test_router_starts_while_redis_is_down_and_connects_later(
         assert client.keys(f"kvroute:{cluster_name}:load:*")
     finally:
         client.close()
+
+
+def _metric(router: RouterServer, name: str) -> float:
+    found = re.search(rf"^{name} (\S+)$", router.client.get("/metrics").text, re.M)
+    assert found, name
+    return float(found.group(1))
+
+
+@pytest.mark.parametrize("sync_ms", [5.0, 0.0], ids=["mirror", "round-trips"])
+def test_the_load_copys_age_is_measured_per_decision(
+    routers: Callable[..., RouterServer],
+    two_workers: tuple[FakeWorker, FakeWorker],
+    redis_server: RedisServer,
+    cluster_name: str,
+    sync_ms: float,
+) -> None:
+    router = routers(
+        worker_urls=[w.url for w in two_workers],
+        redis_url=redis_server.url,
+        cluster=cluster_name,
+        load_sync_ms=sync_ms,
+    )
+    for i in range(5):
+        assert router.client.post("/generate", json={"text": f"age {i}"}).status_code == 200
+    count = _metric(router, "kvroute_load_copy_age_seconds_count")
+    store = router.client.get("/health").json()["store"]
+    if sync_ms:
+        assert count == 5  # one read per decision
+        assert 0 <= _metric(router, "kvroute_load_copy_age_seconds_sum") / count < 1.0
+        assert store["syncs"] >= 1
+        assert store["sync_interval_ms"] == 5.0
+    else:  # a round trip per read: no copy to age
+        assert count == 0
+        assert "syncs" not in store
