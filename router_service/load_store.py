@@ -250,6 +250,10 @@ return out
 )
 
 
+# A sync that came back within half a decay tick: the loop is not busy, a read may wait.
+_QUICK_SYNC_MS = DECAY_TICK_MS / 2
+
+
 class RedisMirror:
     """The Redis store without a round trip per operation: reads from a local mirror,
     writes in batches.
@@ -266,14 +270,15 @@ class RedisMirror:
 
     Syncs run in one background task, one at a time: queued writes wait up to ``interval_ms``
     so that they leave together. A read of a copy older than ``max_age_ms`` (one decay tick)
-    asks for a sync. It waits for that sync only if the copy is older than ``stale_ms`` and no
-    sync is under way (``must_wait``: an idle replica, whose loop answers at once), and the
-    fallback store bounds that wait by the Redis timeout and then uses the copy: a busy event
-    loop never stalls requests on Redis, nor reads as an outage (the syncer's own failures
-    report those). Other replicas' operations show after about ``interval_ms`` plus one sync
-    of the reader's. A worker new to the copy reads 0 until the sync it asks for. A failed
-    sync fails the reads waiting for it and calls ``on_error``; the fallback store then
-    degrades and resets the mirror.
+    asks for a sync. It waits for that sync only if the copy is older than ``stale_ms``, no
+    sync is on the wire and the last one came back within half a tick (``must_wait``: a
+    replica between requests, whose loop answers at once), and the fallback store bounds that
+    wait by the Redis timeout and then uses the copy: a busy event loop never stalls requests
+    on Redis, nor reads as an outage (the syncer's own failures report those). Other
+    replicas' operations show after about ``interval_ms`` plus one sync of the reader's. A
+    worker new to the copy reads 0 until the sync it asks for. A failed sync fails the reads
+    waiting for it and calls ``on_error``; the fallback store then degrades and resets the
+    mirror.
     """
 
     mode = "redis"
@@ -302,6 +307,7 @@ class RedisMirror:
         self._urgent = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._in_flight = False
+        self._rtt_ms = 0.0  # the last sync, send to reply as this loop saw it
         self._waiters: list[asyncio.Future[None]] = []
         self.syncs = 0
         self.operations_sent = 0
@@ -362,9 +368,16 @@ class RedisMirror:
         return self.read_local(workers)
 
     def must_wait(self) -> bool:
-        """Would a read wait for a sync (an idle replica's old copy, or none yet)? If not,
-        ``read_local`` answers it without I/O."""
-        return _now_ms() - self._local_ms > self.stale_ms and not self._busy
+        """Would a read wait for a sync (an old copy, or none yet, on a loop that answers
+        quickly)? If not, ``read_local`` answers it without I/O.
+
+        It waits only if no sync is on the wire already (its answer is on the way) and the
+        last sync took at most half a tick: on a loop that busy, waiting would only add its
+        lag to the request, and the read asks for a sync anyway.
+        """
+        if _now_ms() - self._local_ms <= self.stale_ms or self._in_flight:
+            return False
+        return self._rtt_ms <= _QUICK_SYNC_MS
 
     def read_local(self, workers: list[str]) -> dict[str, float]:
         """The loads from the copy; a worker it does not cover yet reads 0 until the sync
@@ -444,11 +457,6 @@ class RedisMirror:
             low, high = server_ms - received_ms, server_ms - sent_ms
         self._offset_ms = (low + high) / 2.0
 
-    @property
-    def _busy(self) -> bool:
-        """A sync is on the wire or about to be: a busy loop's reads must not wait for it."""
-        return self._in_flight or self._wake.is_set()
-
     async def refresh(self, workers: Sequence[str] = ()) -> None:
         """Sync now and wait for it (at start and after a reconnect, before traffic)."""
         await self._synced(list(workers))
@@ -525,7 +533,9 @@ class RedisMirror:
             # On failure the batch is lost with Redis (a reset follows): nothing to release.
             self._sending, self._sending_releases = [], []
         server_ms, tick = float(reply[0]), int(reply[1])
-        self._learn_offset(server_ms, sent_ms, _now_ms())
+        received_ms = _now_ms()
+        self._rtt_ms = received_ms - sent_ms
+        self._learn_offset(server_ms, sent_ms, received_ms)
         self._local_ms = sent_ms
         self._loads = {w: (float(v), tick) for w, v in zip(workers, reply[2:], strict=True)}
         for res in reserves:

@@ -3,6 +3,7 @@ redis-server process, free ports and HTTP clients. Fixtures in ``conftest`` buil
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -12,20 +13,39 @@ import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 import uvicorn
 from fastapi import FastAPI
 
 from router_service.app import create_app
+from router_service.routing.load import DECAY_TICK_MS
 from router_service.settings import Settings
+
+T = TypeVar("T")
 
 ADMIN_TOKEN = "test-admin-token"
 # Building an SSL context costs ~80 ms; every loopback client shares this one.
 _SSL = ssl.create_default_context()
+
+
+def run_async(make: Callable[[], Awaitable[T]]) -> T:
+    """Run one coroutine factory on a fresh event loop (the store tests' entry point)."""
+
+    async def main() -> T:
+        return await make()
+
+    return asyncio.run(main())
+
+
+async def redis_tick(client: aioredis.Redis) -> int:
+    """The Redis server's clock in decay ticks (DESIGN 3.2), as its Lua scripts compute it."""
+    seconds, micros = await client.time()
+    return int((seconds * 1000 + micros // 1000) // DECAY_TICK_MS)
 
 
 def http_client(base_url: str, timeout_s: float = 30.0) -> httpx.Client:

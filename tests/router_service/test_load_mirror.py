@@ -7,33 +7,21 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Callable
 
 import pytest
 import redis
 import redis.asyncio as aioredis
 from router_harness import RedisServer
+from router_harness import redis_tick as server_tick
+from router_harness import run_async as run
 
 from router_service.load_store import FallbackStore, RedisMirror, RedisStore, make_store
-from router_service.routing.load import DECAY_FACTOR, DECAY_TICK_MS
+from router_service.routing.load import DECAY_FACTOR
 
-T = TypeVar("T")
 W = "http://127.0.0.1:30001"
 V = "http://127.0.0.1:30002"
 F = DECAY_FACTOR
-
-
-def run(make: Callable[[], Awaitable[T]]) -> T:
-    async def main() -> T:
-        return await make()
-
-    return asyncio.run(main())
-
-
-async def server_tick(client: aioredis.Redis) -> int:
-    seconds, micros = await client.time()
-    return (seconds * 1000 + micros // 1000) // DECAY_TICK_MS
 
 
 async def _mirror(
@@ -369,5 +357,31 @@ def test_close_sends_what_is_queued(redis_server: RedisServer, cluster_name: str
             assert float(value) == pytest.approx(0.0, abs=1e-9)
         finally:
             await client.aclose()
+
+    run(body)
+
+
+def test_a_read_waits_for_a_fresh_copy_only_on_a_loop_that_answers_quickly(
+    redis_server: RedisServer, cluster_name: str
+) -> None:
+    async def body() -> None:
+        mirror = RedisMirror(
+            RedisStore(aioredis.Redis.from_url(redis_server.url), cluster_name), 5.0
+        )
+        await mirror.start()
+        try:
+            assert mirror.must_wait()  # no copy yet
+            await mirror.read_many([W])
+            assert not mirror.must_wait()  # fresh
+            await asyncio.sleep(0.05)  # older than a tick, nothing on the wire
+            assert mirror._rtt_ms < 10.0  # loopback, idle loop
+            assert mirror.must_wait()
+            mirror._rtt_ms = 60.0  # as if the last sync had taken 60 ms: a busy loop
+            assert not mirror.must_wait()  # use the copy, and ask for a sync
+            syncs = mirror.syncs
+            assert mirror.read_local([W]) == {W: 0.0}
+            await _until(lambda: mirror.syncs > syncs)
+        finally:
+            await mirror.close()
 
     run(body)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import redis
 import redis.asyncio as aioredis
 from router_harness import RedisServer
+from router_harness import redis_tick as server_tick
+from router_harness import run_async as run
 
 from router_service.load_store import (
     EmbeddedStore,
@@ -20,23 +21,10 @@ from router_service.load_store import (
     StoreReservation,
     make_store,
 )
-from router_service.routing.load import DECAY_FACTOR, DECAY_TICK_MS
+from router_service.routing.load import DECAY_FACTOR
 
-T = TypeVar("T")
 W = "http://127.0.0.1:30001"
 F = DECAY_FACTOR
-
-
-def run(make: Callable[[], Awaitable[T]]) -> T:
-    async def main() -> T:
-        return await make()
-
-    return asyncio.run(main())
-
-
-async def server_tick(client: aioredis.Redis) -> int:
-    seconds, micros = await client.time()
-    return (seconds * 1000 + micros // 1000) // DECAY_TICK_MS
 
 
 def _store(server: RedisServer, cluster: str) -> RedisStore:
