@@ -375,6 +375,8 @@ class RedisMirror:
         last sync took at most half a tick: on a loop that busy, waiting would only add its
         lag to the request, and the read asks for a sync anyway.
         """
+        if self._local_ms == -math.inf:
+            return True  # no copy at all (not warmed, or reset): nothing to read instead
         if _now_ms() - self._local_ms <= self.stale_ms or self._in_flight:
             return False
         return self._rtt_ms <= _QUICK_SYNC_MS
