@@ -123,7 +123,8 @@ class EmbeddedStore:
         pass
 
 
-# Shared Lua prelude: the server's clock in ticks, and a key's value decayed to that tick.
+# Shared Lua prelude: the server's clock in ticks, a key's value decayed to that tick, and
+# the two writes (every script that reserves or releases uses these, so they cannot drift).
 _PRELUDE = f"""
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -133,6 +134,19 @@ local function decayed(key)
   local at = tonumber(redis.call('HGET', key, 't') or tostring(now_tick))
   if now_tick > at then v = v * math.pow({DECAY_FACTOR!r}, now_tick - at) end
   return v
+end
+local function reserve(key, inc)
+  redis.call('HSET', key, 'v', tostring(decayed(key) + inc), 't', now_tick)
+  redis.call('EXPIRE', key, 3600)
+end
+local function release(key, inc, tick)
+  if redis.call('EXISTS', key) == 0 then return 0 end
+  local rem = inc
+  if now_tick > tick then rem = rem * math.pow({DECAY_FACTOR!r}, now_tick - tick) end
+  local v = decayed(key) - rem
+  if v < 0 then v = 0 end
+  redis.call('HSET', key, 'v', tostring(v), 't', now_tick)
+  return rem
 end
 """
 _READ = (
@@ -146,23 +160,14 @@ return out
 _RESERVE = (
     _PRELUDE
     + """
-local v = decayed(KEYS[1]) + tonumber(ARGV[1])
-redis.call('HSET', KEYS[1], 'v', tostring(v), 't', now_tick)
-redis.call('EXPIRE', KEYS[1], 3600)
+reserve(KEYS[1], tonumber(ARGV[1]))
 return now_tick
 """
 )
 _RELEASE = (
     _PRELUDE
-    + f"""
-if redis.call('EXISTS', KEYS[1]) == 0 then return '0' end
-local rem = tonumber(ARGV[1])
-local ticks = now_tick - tonumber(ARGV[2])
-if ticks > 0 then rem = rem * math.pow({DECAY_FACTOR!r}, ticks) end
-local v = decayed(KEYS[1]) - rem
-if v < 0 then v = 0 end
-redis.call('HSET', KEYS[1], 'v', tostring(v), 't', now_tick)
-return tostring(rem)
+    + """
+return tostring(release(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])))
 """
 )
 
@@ -221,29 +226,18 @@ class RedisStore:
 # Returns the server's clock in ms, the tick the batch was applied at, and the loads read.
 _SYNC = (
     _PRELUDE
-    + f"""
+    + """
 local n_read, n_res, n_rel = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local i = 4
 for _ = 1, n_res do
-  local key = KEYS[tonumber(ARGV[i])]
-  local v = decayed(key) + tonumber(ARGV[i + 1])
-  redis.call('HSET', key, 'v', tostring(v), 't', now_tick)
-  redis.call('EXPIRE', key, 3600)
+  reserve(KEYS[tonumber(ARGV[i])], tonumber(ARGV[i + 1]))
   i = i + 2
 end
 for _ = 1, n_rel do
-  local key = KEYS[tonumber(ARGV[i])]
-  if redis.call('EXISTS', key) == 1 then
-    local rem = tonumber(ARGV[i + 1])
-    local ticks = now_tick - tonumber(ARGV[i + 2])
-    if ticks > 0 then rem = rem * math.pow({DECAY_FACTOR!r}, ticks) end
-    local v = decayed(key) - rem
-    if v < 0 then v = 0 end
-    redis.call('HSET', key, 'v', tostring(v), 't', now_tick)
-  end
+  release(KEYS[tonumber(ARGV[i])], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
   i = i + 3
 end
-local out = {{tostring(now_ms), now_tick}}
+local out = {tostring(now_ms), now_tick}
 for j = 1, n_read do out[j + 2] = tostring(decayed(KEYS[j])) end
 return out
 """
@@ -450,13 +444,14 @@ class RedisMirror:
         return int((now_ms + self._offset_ms) // DECAY_TICK_MS)
 
     def _learn_offset(self, server_ms: float, sent_ms: float, received_ms: float) -> None:
-        self._offsets.append((server_ms - received_ms, server_ms - sent_ms))
+        sample = (server_ms - received_ms, server_ms - sent_ms)
+        self._offsets.append(sample)
         low = max(lo for lo, _ in self._offsets)
         high = min(hi for _, hi in self._offsets)
         if low > high:  # the clocks moved apart (a wall-clock step on the server): start over
             self._offsets.clear()
-            self._offsets.append((server_ms - received_ms, server_ms - sent_ms))
-            low, high = server_ms - received_ms, server_ms - sent_ms
+            self._offsets.append(sample)
+            low, high = sample
         self._offset_ms = (low + high) / 2.0
 
     async def refresh(self, workers: Sequence[str] = ()) -> None:
@@ -513,7 +508,7 @@ class RedisMirror:
         releases = [r for r in self._releases if r.tick >= 0]
         self._releases = []
         self._sending, self._sending_releases = reserves, releases
-        workers = list(dict.fromkeys([*self._wanted, *self._loads]))
+        workers = list(self._wanted)  # every worker the copy holds was wanted once
         keys = [self.redis.key(w) for w in workers]
         index = {w: i + 1 for i, w in enumerate(workers)}
 
@@ -640,7 +635,7 @@ class FallbackStore:
             if mirror.must_wait():  # an idle replica's old copy: a fresh one is quick to get
                 try:
                     async with asyncio.timeout(self.timeout_s):
-                        await mirror.refresh(workers)
+                        return await mirror.read_many(workers)
                 except TimeoutError:
                     pass  # a busy loop, not an outage (the syncer reports those): use the copy
                 except (RedisError, OSError) as exc:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+import redis
 import redis.asyncio as aioredis
 import uvicorn
 from fastapi import FastAPI
@@ -133,6 +134,14 @@ class RedisServer:
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def exists(self, key: str) -> int:
+        """Redis' EXISTS on ``key``, over a connection of its own."""
+        client = redis.Redis.from_url(self.url)
+        try:
+            return int(client.exists(key))
+        finally:
+            client.close()
 
     def start(self) -> RedisServer:
         exe = shutil.which("redis-server")

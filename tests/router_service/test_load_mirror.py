@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 
 import pytest
-import redis
 import redis.asyncio as aioredis
 from router_harness import RedisServer
 from router_harness import redis_tick as server_tick
@@ -254,11 +253,7 @@ def test_fallback_with_the_mirror_survives_an_outage_and_reconnects(
             await store.close()
 
     run(body)
-    direct = redis.Redis.from_url(own_redis.url)
-    try:
-        assert direct.exists(f"kvroute:{cluster_name}:load:{W}") == 1
-    finally:
-        direct.close()
+    assert own_redis.exists(f"kvroute:{cluster_name}:load:{W}") == 1
 
 
 def test_remove_forgets_the_worker_everywhere(redis_server: RedisServer, cluster_name: str) -> None:
