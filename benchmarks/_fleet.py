@@ -29,8 +29,10 @@ import redis
 from sim.local_cluster import free_port, wait_healthy
 
 __all__ = [
+    "BALANCERS",
     "Balancer",
     "InstantWorkers",
+    "KernelBalancer",
     "RedisServer",
     "busy_fraction",
     "children_cpu_s",
@@ -236,6 +238,58 @@ class Balancer(_Nginx):
             f"        server {u.removeprefix('http://')} max_fails=0;" for u in upstreams
         )
         super().__init__(_NGINX_CONF, [self.url], servers=servers, port=str(self.port))
+
+
+class KernelBalancer:
+    """Round robin over ``upstreams`` in the kernel: an nftables NAT rule on loopback that sends
+    each new TCP connection to the next upstream (``numgen inc``), the way a Kubernetes Service
+    (kube-proxy in nftables mode) spreads connections over router pods. No balancer process: the
+    packet rewriting costs kernel time in the sending processes, a fraction of a user-space
+    proxy's, so the 2-core machine's CPU goes to the replicas. Connection-level, so a client
+    should open several connections (wrk does). Needs root and ``nft``.
+    """
+
+    proc: subprocess.Popen[bytes] | None = None
+
+    def __init__(self, upstreams: Sequence[str]) -> None:
+        exe = shutil.which("nft")
+        if exe is None or os.geteuid() != 0:
+            raise RuntimeError("the kernel balancer needs root and nft (apt-get install nftables)")
+        self.exe, self.port = exe, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.table = f"kvroute_bench_{self.port}"
+        targets = ", ".join(
+            f"{i} : 127.0.0.1 . {u.rsplit(':', 1)[1]}" for i, u in enumerate(upstreams)
+        )
+        rules = (
+            f"table ip {self.table} {{\n"
+            "  chain out {\n"
+            "    type nat hook output priority -100; policy accept;\n"
+            f"    ip daddr 127.0.0.1 tcp dport {self.port} "
+            f"dnat to numgen inc mod {len(upstreams)} map {{ {targets} }}\n"
+            "  }\n"
+            "}\n"
+        )
+        done = subprocess.run([exe, "-f", "-"], input=rules.encode(), capture_output=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"nft refused the balancer's rule: {done.stderr.decode().strip()}")
+        try:
+            wait_healthy(self.url, 30)
+        except (RuntimeError, TimeoutError):
+            self.stop()
+            raise
+
+    def errors(self, last: int = 5) -> list[str]:
+        return []  # no log: a failed connection shows in wrk's socket errors
+
+    def stop(self) -> None:
+        subprocess.run([self.exe, "delete", "table", "ip", self.table], capture_output=True)
+
+
+BALANCERS: dict[str, type[Balancer] | type[KernelBalancer]] = {
+    "nginx": Balancer,
+    "kernel": KernelBalancer,
+}
 
 
 def start_replicas(

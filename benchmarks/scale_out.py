@@ -30,6 +30,11 @@ namespace (``--cluster``, after FLUSHALL).
    workers, wrk) is read from ``/proc``, so the cost of sharing shows even when other jobs
    slow the run down; "dedicated cores" projects the 2-vs-1 scaling from it
    (2 x router CPU per request with 1 replica / with 2).
+   The 1, 2 and 4 replica rows run again behind the **kernel balancer** (``_fleet.
+   KernelBalancer``: an nftables round-robin NAT rule per connection, what a Kubernetes
+   Service does in front of router pods; root and ``nft``, else the rows show why they did
+   not run, ``--no-kernel-balancer`` skips them): no balancer process takes its share of the
+   2 cores, which nginx does (~0.09 ms of CPU per request, as much as a tenth of a replica's).
 
 CPU placement (2 cores): replica i is pinned to CPU ``i % 2`` with ``taskset`` (``--no-pin``:
 they float); the balancer, Redis, the workers and the load generator float.
@@ -59,6 +64,7 @@ from _common import (
     write_json,
 )
 from _fleet import (
+    BALANCERS,
     CPUS,
     Balancer,
     InstantWorkers,
@@ -90,6 +96,7 @@ class RowSpec:
     replicas: int
     index_sync: bool = True
     load_round_trips: bool = False  # KVROUTE_LOAD_SYNC_MS=0: a Redis round trip per operation
+    balancer: str = "nginx"  # a key of _fleet.BALANCERS
 
     @property
     def label(self) -> str:
@@ -98,6 +105,8 @@ class RowSpec:
             name += ", index sync off"
         if self.load_round_trips:
             name += ", load round trips"
+        if self.balancer != "nginx":
+            name += f", {self.balancer} balancer"
         return name
 
 
@@ -105,6 +114,9 @@ ROWS = (RowSpec(1), RowSpec(2), RowSpec(4), RowSpec(4, index_sync=False))
 # The load store's two modes side by side: the default mirror (reads local, writes batched)
 # and a round trip per read, reserve and release (load_sync_ms 0).
 THROUGHPUT_ROWS = (*ROWS, RowSpec(1, load_round_trips=True), RowSpec(2, load_round_trips=True))
+# The same replicas behind the kernel's round robin (nftables, as a Kubernetes Service): no
+# balancer process competing with the replicas for the 2 cores.
+KERNEL_ROWS = tuple(RowSpec(n, balancer="kernel") for n in (1, 2, 4))
 
 
 def _replicas(
@@ -223,11 +235,11 @@ def throughput_row(
     urls, procs = _replicas(spec, [u for u, _ in workers], store, f"wrk-{spec.replicas}", args)
     balancer = None
     try:
-        balancer = Balancer(urls)
+        balancer = BALANCERS[spec.balancer](urls)
         wrk(balancer.url, 2, args.connections)  # warm-up: connections, first requests
         parts = {
             "routers": procs,
-            "balancer": [balancer.proc],
+            "balancer": [balancer.proc] if balancer.proc is not None else [],
             "redis": [store.proc],
             "workers": list({p.pid: p for _, p in workers}.values()),  # one nginx serves all
         }
@@ -309,6 +321,9 @@ def verdict(workload_rows: list[dict[str, Any]], rps_rows: list[dict[str, Any]])
     one, four = _by_label(workload_rows, RowSpec(1)), _by_label(workload_rows, RowSpec(4))
     off = _by_label(workload_rows, RowSpec(4, index_sync=False))
     t1, t2 = _by_label(rps_rows, RowSpec(1)), _by_label(rps_rows, RowSpec(2))
+    k1 = _by_label(rps_rows, RowSpec(1, balancer="kernel"))
+    k2 = _by_label(rps_rows, RowSpec(2, balancer="kernel"))
+    kernel_scaling = ratio(_value(k2, "max_rps"), _value(k1, "max_rps"))
     hit_ratio = ratio(_value(four, "hit_rate"), _value(one, "hit_rate"))
     off_ratio = ratio(_value(off, "hit_rate"), _value(one, "hit_rate"))
     scaling = ratio(_value(t2, "max_rps"), _value(t1, "max_rps"))
@@ -327,12 +342,17 @@ def verdict(workload_rows: list[dict[str, Any]], rps_rows: list[dict[str, Any]])
         "throughput_2_over_1": scaling,
         "throughput_met": None if scaling is None else scaling >= SCALING_TARGET,
         "throughput_2_over_1_dedicated_cores": projected,
+        "throughput_2_over_1_kernel_balancer": kernel_scaling,
+        "throughput_met_kernel_balancer": (
+            None if kernel_scaling is None else kernel_scaling >= SCALING_TARGET
+        ),
     }
 
 
 def _relative(rows: list[dict[str, Any]], key: str, out: str) -> None:
-    base = _by_label(rows, RowSpec(1))
+    """``out``: ``key`` relative to 1 replica behind the same balancer."""
     for row in rows:
+        base = _by_label(rows, RowSpec(1, balancer=row.get("balancer", "nginx")))
         row[out] = format_ratio(_value(row, key), _value(base, key))
 
 
@@ -348,10 +368,13 @@ def verdict_text(v: dict[str, Any]) -> str:
         f"- hit rate, 4 replicas / 1 replica: {fmt(v['hit_rate_4_over_1'], '.1%')} "
         f"(target >= {1 - HIT_TOLERANCE:.0%}): {_yes(v['hit_rate_met'])}; "
         f"without index sync: {fmt(v['hit_rate_4_sync_off_over_1'], '.1%')}\n"
-        f"- router throughput, 2 replicas / 1: {fmt(v['throughput_2_over_1'], '.2f')}x "
-        f"(target >= {SCALING_TARGET}x): {_yes(v['throughput_met'])}; with a dedicated core "
-        f"per replica (2 x router CPU per request of 1 replica / of 2): "
-        f"{fmt(v['throughput_2_over_1_dedicated_cores'], '.2f')}x\n"
+        f"- router throughput, 2 replicas / 1, behind nginx: "
+        f"{fmt(v['throughput_2_over_1'], '.2f')}x (target >= {SCALING_TARGET}x): "
+        f"{_yes(v['throughput_met'])}; with a dedicated core per replica (2 x router CPU per "
+        f"request of 1 replica / of 2): {fmt(v['throughput_2_over_1_dedicated_cores'], '.2f')}x\n"
+        f"- router throughput, 2 replicas / 1, behind the kernel balancer: "
+        f"{fmt(v['throughput_2_over_1_kernel_balancer'], '.2f')}x (target >= "
+        f"{SCALING_TARGET}x): {_yes(v['throughput_met_kernel_balancer'])}\n"
         f"- one replica, load mirror / a Redis round trip per operation: "
         f"{fmt(v['mirror_rps_over_round_trips_1_replica'], '.2f')}x req/s"
     )
@@ -363,6 +386,11 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     add_gsp_fleet_args(parser)
     parser.add_argument("--seconds", type=float, default=None, help="wrk duration (15)")
     parser.add_argument("--connections", type=int, default=64, help="wrk connections")
+    parser.add_argument(
+        "--no-kernel-balancer",
+        action="store_true",
+        help="skip the throughput rows behind the kernel balancer (they need root and nft)",
+    )
     parser.add_argument("--no-pin", action="store_true", help="let the replicas float")
     parser.add_argument("--repeats", type=int, default=None, help="wrk runs per row (2)")
     parser.add_argument("--skip-workload", action="store_true", help="throughput rows only")
@@ -410,13 +438,14 @@ def run_workload(args: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 def run_throughput(args: Any) -> list[dict[str, Any]]:
     """Every row ``--repeats`` times, interleaved; each row keeps its best run (other jobs on
     a shared machine only ever slow a run down)."""
+    specs = THROUGHPUT_ROWS + (() if args.no_kernel_balancer else KERNEL_ROWS)
     workers = InstantWorkers(2)
-    runs: dict[str, list[dict[str, Any]]] = {spec.label: [] for spec in THROUGHPUT_ROWS}
+    runs: dict[str, list[dict[str, Any]]] = {spec.label: [] for spec in specs}
     store = RedisServer()
     try:
         pool = [(url, workers.proc) for url in workers.urls]
         for repeat in range(args.repeats):
-            for spec in THROUGHPUT_ROWS:
+            for spec in specs:
                 print(f"throughput: {spec.label} (run {repeat + 1}) ...", file=sys.stderr)
                 try:
                     runs[spec.label].append(throughput_row(spec, pool, store, args))
@@ -427,7 +456,7 @@ def run_throughput(args: Any) -> list[dict[str, Any]]:
         store.stop()
         workers.stop()
     rows = []
-    for spec in THROUGHPUT_ROWS:
+    for spec in specs:
         done = [r for r in runs[spec.label] if "error" not in r]
         best = max(done, key=lambda r: r["max_rps"]) if done else runs[spec.label][-1]
         rows.append({"row": spec.label, **best, "runs_rps": [r.get("max_rps") for r in done]})
@@ -456,8 +485,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(markdown_table(workload_rows, WORKLOAD_COLUMNS) + "\n")
     if rps_rows:
         print(
-            f"## Router throughput: wrk -t2 -c{args.connections} {args.seconds:g} s through nginx, "
-            f"2 instant workers (nginx), best of {args.repeats}\n"
+            f"## Router throughput: wrk -t2 -c{args.connections} {args.seconds:g} s through nginx "
+            f"(or the kernel balancer where a row says so; 'vs 1 replica' compares rows behind "
+            f"the same balancer), 2 instant workers (nginx), best of {args.repeats}\n"
         )
         print(markdown_table(rps_rows, THROUGHPUT_COLUMNS) + "\n")
     print(verdict_text(v) + "\n")
@@ -475,7 +505,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "workers": args.workers,
             "profile": PROFILE,
             "policy": POLICY,
-            "balancer": "nginx round robin, worker_processes 1, upstream keepalive",
+            "balancer": "nginx round robin, worker_processes 1, upstream keepalive; rows "
+            "marked 'kernel balancer': nftables DNAT round robin per connection",
             "placement": placement,
             "wrk": {"threads": 2, "connections": args.connections, "seconds": args.seconds},
             "wall_s": round(wall_s, 3),

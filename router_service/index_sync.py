@@ -9,12 +9,21 @@ everywhere. Worker registration and removal travel on the same stream. A replica
 replays the stream's retained history first, so it joins warm.
 
 Publishing never waits on the request path: events go to a queue that a background task
-writes in pipelined batches. Both directions coalesce: the publisher waits ``coalesce_s``
-(5 ms) after the first queued event, and the subscriber the same after a read that drained
-the stream, so that under load one Redis round trip carries many events instead of one
-(a round trip costs the replica far more CPU than applying an event). That adds at most
-about twice ``coalesce_s`` to the sync lag. While Redis is unreachable events are dropped
-(counted); the index then only knows this replica's own routing until Redis is back.
+writes in batches, **one stream entry per batch** (``encode_batch``: the events' operations,
+workers, times and block counts as packed arrays, and all their digests concatenated), so a
+batch costs one XADD to write and one entry to parse on every replica, and the digests of a
+whole batch convert to and from index keys in one vectorised call each. Both directions
+coalesce: the publisher waits ``coalesce_s`` (5 ms) after the first queued event, and the
+subscriber the same after a read that drained the stream, so that under load one Redis round
+trip carries many events instead of one (a round trip costs the replica far more CPU than
+applying an event). That adds at most about twice ``coalesce_s`` to the sync lag. While
+Redis is unreachable events are dropped (counted); the index then only knows this replica's
+own routing until Redis is back.
+
+The stream keeps about ``max_len`` *events* (not entries): the trim length in entries follows
+the mean events per entry so far. Entries written one event each by kvroute versions before
+batching (fields ``o``, ``w``, ``d``, ``t``) are still applied, so a rolling upgrade keeps the
+old replicas' events (the old replicas skip the new batch entries until they are upgraded).
 """
 
 from __future__ import annotations
@@ -27,23 +36,83 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from router_service.routing import Router
-from router_service.routing.block_keys import digests_to_key, key_to_digests
+from router_service.routing.block_keys import (
+    CHARS_PER_BLOCK,
+    DIGEST_BYTES,
+    digests_to_key,
+    key_to_digests,
+)
 
-__all__ = ["IndexSync"]
+__all__ = ["IndexSync", "decode_batch", "encode_batch"]
 
 log = logging.getLogger("kvroute.index_sync")
 
-_BATCH = 256
-_READ_COUNT = 1000
-_Event = dict[
+_BATCH = 256  # events per stream entry at most
+_READ_COUNT = 64  # entries per read: a replay applies at most 64 x 256 events between awaits
+_Fields = dict[
     bytes | bytearray | memoryview | str | int | float,
     bytes | bytearray | memoryview | str | int | float,
 ]
+# One routing or membership event: (operation, worker, index key, decision time in ms).
+# Operations: "i" insert (the key was sent to the worker), "a" worker added, "x" removed.
+Event = tuple[str, str, str, float]
+
+
+def encode_batch(origin: str, events: list[Event]) -> _Fields:
+    """One stream entry's fields for ``events``, in order. Arrays are little endian:
+    ``i`` worker index (u2) into ``w`` (newline-separated), ``t`` time in ms (f8), ``n``
+    digests of each event (u4); ``ops`` one byte per event; ``d`` every event's digests,
+    concatenated (``block_keys`` wire format)."""
+    table: dict[str, int] = {}
+    ops, index, times, counts, keys = [], [], [], [], []
+    for op, worker, key, ts_ms in events:
+        if len(key) % CHARS_PER_BLOCK:
+            key = key[: len(key) - len(key) % CHARS_PER_BLOCK]
+        ops.append(op)
+        index.append(table.setdefault(worker, len(table)))
+        times.append(ts_ms)
+        counts.append(len(key) // CHARS_PER_BLOCK)
+        keys.append(key)
+    return {
+        "r": origin,
+        "o": "b",
+        "ops": "".join(ops),
+        "w": "\n".join(table),
+        "i": np.asarray(index, dtype="<u2").tobytes(),
+        "t": np.asarray(times, dtype="<f8").tobytes(),
+        "n": np.asarray(counts, dtype="<u4").tobytes(),
+        "d": key_to_digests("".join(keys)),
+    }
+
+
+def decode_batch(fields: dict[bytes, bytes]) -> list[Event]:
+    """The events of an entry ``encode_batch`` wrote; ValueError if it is malformed."""
+    try:
+        ops = fields[b"ops"].decode()
+        workers = fields[b"w"].decode().split("\n")
+        index = np.frombuffer(fields[b"i"], dtype="<u2").tolist()
+        times = np.frombuffer(fields[b"t"], dtype="<f8").tolist()
+        counts = np.frombuffer(fields[b"n"], dtype="<u4").tolist()
+        digests = fields[b"d"]
+    except (KeyError, ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"malformed index batch: {exc}") from exc
+    if not len(ops) == len(index) == len(times) == len(counts):
+        raise ValueError("malformed index batch: arrays of different lengths")
+    if sum(counts) * DIGEST_BYTES != len(digests) or (index and max(index) >= len(workers)):
+        raise ValueError("malformed index batch: digests or workers do not match the events")
+    whole = digests_to_key(digests)
+    events, pos = [], 0
+    for op, w, ts_ms, count in zip(ops, index, times, counts, strict=True):
+        end = pos + count * CHARS_PER_BLOCK
+        events.append((op, workers[w], whole[pos:end], ts_ms))
+        pos = end
+    return events
 
 
 class IndexSync:
@@ -74,8 +143,10 @@ class IndexSync:
         self.on_lag = on_lag
         self.max_len = max_len
         self.coalesce_s = coalesce_s
-        self._queue: asyncio.Queue[_Event] = asyncio.Queue(maxsize=100_000)
+        self._queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=100_000)
         self.published = self.applied = self.dropped = self.errors = self.replayed = 0
+        self.entries_published = 0  # stream entries written (each a batch of events)
+        self.malformed = 0  # entries that could not be decoded (skipped)
         # Events decided before this replica started are history it replays, not sync lag.
         self.started_ms = time.time() * 1000.0
         self.last_id = "0-0"
@@ -83,33 +154,18 @@ class IndexSync:
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- publishing (request path: never awaits) -----------------------------------------
-    def _put(self, event: _Event) -> None:
+    def _put(self, event: Event) -> None:
         try:
             self._queue.put_nowait(event)
         except asyncio.QueueFull:
             self.dropped += 1
 
     def publish_insert(self, worker: str, index_key: str, ts_ms: float) -> None:
-        if index_key:
-            self._put(
-                {
-                    "r": self.origin,
-                    "o": "i",
-                    "w": worker,
-                    "d": key_to_digests(index_key),
-                    "t": repr(ts_ms),
-                }
-            )
+        if index_key:  # encoded with its batch, off the request path
+            self._put(("i", worker, index_key, ts_ms))
 
     def publish_worker(self, worker: str, added: bool) -> None:
-        self._put(
-            {
-                "r": self.origin,
-                "o": "a" if added else "x",
-                "w": worker,
-                "t": repr(time.time() * 1000.0),
-            }
-        )
+        self._put(("a" if added else "x", worker, "", time.time() * 1000.0))
 
     # -- background tasks ------------------------------------------------------------------
     def start(self) -> None:
@@ -137,9 +193,9 @@ class IndexSync:
                 try:
                     await self._send(batch)
                 except RedisConnectionError:
-                    # redis-py does not retry a pipeline on a pooled connection that died
-                    # while idle (Redis restarted): once more, on a fresh connection. A batch
-                    # sent twice is harmless: applying an event again changes nothing.
+                    # A pooled connection that died while idle (Redis restarted): once more,
+                    # on a fresh connection. A batch sent twice is harmless: applying an
+                    # event again changes nothing.
                     await self._send(batch)
                 self.published += len(batch)
             except (RedisError, OSError) as exc:
@@ -148,11 +204,13 @@ class IndexSync:
                 log.debug("index events dropped, Redis unavailable: %s", exc)
                 await asyncio.sleep(0.5)
 
-    async def _send(self, batch: list[_Event]) -> None:
-        async with self.client.pipeline(transaction=False) as pipe:
-            for event in batch:
-                pipe.xadd(self.stream, event, maxlen=self.max_len, approximate=True)
-            await pipe.execute()
+    async def _send(self, batch: list[Event]) -> None:
+        # Retain about max_len events: the trim length in entries follows the mean batch.
+        mean = (self.published + len(batch)) / (self.entries_published + 1)
+        max_entries = max(1, round(self.max_len / mean))
+        fields = encode_batch(self.origin, batch)
+        await self.client.xadd(self.stream, fields, maxlen=max_entries, approximate=True)
+        self.entries_published += 1
 
     async def _subscriber(self) -> None:
         delay = 0.1
@@ -177,22 +235,38 @@ class IndexSync:
                 await asyncio.sleep(self.coalesce_s)  # drained: let the next events gather
 
     def _apply(self, fields: dict[bytes, bytes]) -> None:
+        """Apply one stream entry: a batch, or one event of a pre-batching replica."""
         if fields.get(b"r", b"").decode() == self.origin:
-            return  # this process's own event: applied when it routed
-        op, worker = fields.get(b"o", b""), fields.get(b"w", b"").decode()
-        ts_ms = float(fields.get(b"t", b"0"))
-        if op == b"i":
-            self.router.index.insert(digests_to_key(fields.get(b"d", b"")), worker, ts_ms)
+            return  # this process's own events: applied when it routed
+        op = fields.get(b"o", b"").decode()
+        if op == "b":
+            try:
+                events = decode_batch(fields)
+            except ValueError as exc:
+                self.malformed += 1
+                log.warning("index stream entry skipped: %s", exc)
+                return
+            now_s = time.time()
+            for event in events:
+                self._apply_event(*event, now_s)
+        else:  # one event per entry, digests per event (kvroute before batching)
+            worker = fields.get(b"w", b"").decode()
+            key = digests_to_key(fields.get(b"d", b""))
+            self._apply_event(op, worker, key, float(fields.get(b"t", b"0")), time.time())
+
+    def _apply_event(self, op: str, worker: str, key: str, ts_ms: float, now_s: float) -> None:
+        if op == "i":
+            self.router.index.insert(key, worker, ts_ms)
             if ts_ms < self.started_ms:
                 self.replayed += 1
             else:
-                lag_s = max(0.0, time.time() - ts_ms / 1000.0)
+                lag_s = max(0.0, now_s - ts_ms / 1000.0)
                 self.last_lag_s = lag_s
                 if self.on_lag is not None:
                     self.on_lag(lag_s)
-        elif op == b"x" and self.on_worker_removed is not None:
+        elif op == "x" and self.on_worker_removed is not None:
             self.on_worker_removed(worker)
-        elif op == b"a" and self.on_worker_added is not None:
+        elif op == "a" and self.on_worker_added is not None:
             self.on_worker_added(worker)
         self.applied += 1
 
@@ -200,7 +274,9 @@ class IndexSync:
         return {
             "stream": self.stream,
             "published": self.published,
+            "entries_published": self.entries_published,
             "applied": self.applied,
+            "malformed": self.malformed,
             "dropped": self.dropped,
             "errors": self.errors,
             "replayed": self.replayed,
