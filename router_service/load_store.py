@@ -248,6 +248,57 @@ return out
 _QUICK_SYNC_MS = DECAY_TICK_MS / 2
 
 
+class _Pending:
+    """Per-worker sums of this replica's operations that the copy does not hold yet, so a
+    read costs O(workers), not O(operations): a saturated replica has hundreds queued.
+
+    Reserved ms (with a count, so that a worker whose reservations were all cancelled reads
+    exactly 0), and released ms grouped by the tick their reservation reached Redis at: a
+    release subtracts ``decayed(inc, now - tick)``, which is linear in ``inc``, so one sum per
+    tick is exact.
+    """
+
+    __slots__ = ("released", "reserved")
+
+    def __init__(self) -> None:
+        self.reserved: dict[str, list[float]] = {}  # worker -> [ms, count]
+        self.released: dict[str, dict[int, float]] = {}  # worker -> {tick: ms}
+
+    def reserve(self, worker: str, inc_ms: float) -> None:
+        entry = self.reserved.get(worker)
+        if entry is None:
+            self.reserved[worker] = [inc_ms, 1]
+        else:
+            entry[0] += inc_ms
+            entry[1] += 1
+
+    def cancel(self, worker: str, inc_ms: float) -> None:
+        entry = self.reserved[worker]
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del self.reserved[worker]
+        else:
+            entry[0] -= inc_ms
+
+    def release(self, worker: str, inc_ms: float, tick: int) -> None:
+        by_tick = self.released.setdefault(worker, {})
+        by_tick[tick] = by_tick.get(tick, 0.0) + inc_ms
+
+    def adjust(self, worker: str, tick: int) -> float:
+        """What these operations add to ``worker``'s load at ``tick``."""
+        entry = self.reserved.get(worker)
+        out = entry[0] if entry is not None else 0.0
+        by_tick = self.released.get(worker)
+        if by_tick:
+            for at, inc in by_tick.items():
+                out -= decayed(inc, tick - at)
+        return out
+
+    def drop(self, worker: str) -> None:
+        self.reserved.pop(worker, None)
+        self.released.pop(worker, None)
+
+
 class RedisMirror:
     """The Redis store without a round trip per operation: reads from a local mirror,
     writes in batches.
@@ -327,7 +378,15 @@ class RedisMirror:
         self._reserves: dict[int, StoreReservation] = {}  # queued, by id()
         self._releases: list[StoreReservation] = []  # queued; their reservations were sent
         self._sending: list[StoreReservation] = []  # in the sync now in flight
+        self._sending_ids: set[int] = set()
         self._sending_releases: list[StoreReservation] = []
+        # Released while their reservation was in flight (its tick comes with the reply):
+        # they count undecayed until then, and queue with their tick after it.
+        self._deferred: list[StoreReservation] = []
+        self._deferred_ms: dict[str, float] = {}
+        # The same operations as sums (read_local's O(workers) view of them).
+        self._queued = _Pending()
+        self._in_batch = _Pending()
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -340,7 +399,7 @@ class RedisMirror:
         """Send what is queued (the releases of requests that ended while draining), then
         stop; if Redis does not take it in time, those loads decay there on their own."""
         if self._task is not None:
-            if (self._reserves or self._releases) and not self._task.done():
+            if (self._reserves or self._releases or self._deferred) and not self._task.done():
                 with contextlib.suppress(RedisError, OSError, TimeoutError):
                     await asyncio.wait_for(self.refresh(), self.timeout_s)
             self._task.cancel()
@@ -388,33 +447,35 @@ class RedisMirror:
         if missing or age_ms > self.max_age_ms:
             self._request_sync()  # refresh soon; this read uses the copy it has
         tick = self._server_tick(now_ms)
+        queued, in_batch, deferred = self._queued, self._in_batch, self._deferred_ms
         out = {}
         for w in workers:
             value, at = self._loads.get(w, (0.0, tick))
-            out[w] = decayed(value, tick - at)
-        # This replica's operations the copy does not hold yet (queued or in flight).
-        for res in (*self._reserves.values(), *self._sending):
-            if res.worker in out:
-                out[res.worker] += res.inc_ms
-        for res in (*self._releases, *self._sending_releases):
-            if res.worker in out:
-                ticks = tick - res.tick if res.tick >= 0 else 0
-                out[res.worker] -= decayed(res.inc_ms, ticks)
-        return {w: max(0.0, v) for w, v in out.items()}
+            # Plus this replica's operations the copy does not hold yet (queued, in flight).
+            v = decayed(value, tick - at) + queued.adjust(w, tick) + in_batch.adjust(w, tick)
+            out[w] = max(0.0, v - deferred[w] if w in deferred else v)
+        return out
 
     async def reserve(self, worker: str, inc_ms: float) -> StoreReservation:
         res = StoreReservation(worker, inc_ms, -1, "redis")
         self._reserves[id(res)] = res
+        self._queued.reserve(worker, inc_ms)
         self._wanted.setdefault(worker)  # read its load back with the batch
         self._wake.set()
         return res
 
     async def release(self, reservation: StoreReservation) -> None:
+        worker, inc = reservation.worker, reservation.inc_ms
         if self._reserves.pop(id(reservation), None) is not None:
             self.cancelled += 1  # never sent: nothing to undo in Redis
-        elif reservation.tick >= 0 or any(r is reservation for r in self._sending):
-            # Sent (or being sent: its tick arrives with the reply, before the next sync).
+            self._queued.cancel(worker, inc)
+        elif reservation.tick >= 0:  # sent and applied
             self._releases.append(reservation)
+            self._queued.release(worker, inc, reservation.tick)
+            self._wake.set()
+        elif id(reservation) in self._sending_ids:  # being sent: its tick comes with the reply
+            self._deferred.append(reservation)
+            self._deferred_ms[worker] = self._deferred_ms.get(worker, 0.0) + inc
             self._wake.set()
         # else: queued before a reset (Redis was lost): it decays away wherever it landed
 
@@ -423,6 +484,7 @@ class RedisMirror:
         self._wanted.pop(worker, None)
         self._reserves = {k: r for k, r in self._reserves.items() if r.worker != worker}
         self._releases = [r for r in self._releases if r.worker != worker]
+        self._queued.drop(worker)
         await self.redis.remove(worker)
 
     def status(self) -> dict[str, Any]:
@@ -504,10 +566,10 @@ class RedisMirror:
 
     async def _sync_once(self) -> None:
         reserves, self._reserves = list(self._reserves.values()), {}
-        # A release whose reservation's batch failed has no tick: that load decays on its own.
-        releases = [r for r in self._releases if r.tick >= 0]
-        self._releases = []
+        releases, self._releases = self._releases, []  # every one has its tick
         self._sending, self._sending_releases = reserves, releases
+        self._sending_ids = {id(r) for r in reserves}
+        self._in_batch, self._queued = self._queued, _Pending()
         workers = list(self._wanted)  # every worker the copy holds was wanted once
         keys = [self.redis.key(w) for w in workers]
         index = {w: i + 1 for i, w in enumerate(workers)}
@@ -526,10 +588,12 @@ class RedisMirror:
         sent_ms = _now_ms()
         try:
             reply = await self._sync(keys=keys, args=args)
-        finally:
-            # On failure the batch is lost with Redis (a reset follows): nothing to release.
-            self._sending, self._sending_releases = [], []
-        server_ms, tick = float(reply[0]), int(reply[1])
+            server_ms, tick = float(reply[0]), int(reply[1])
+        except BaseException:
+            # The batch is lost with Redis (a reset follows): its reservations never got a
+            # tick, so the releases deferred on them have nothing to undo.
+            self._end_batch()
+            raise
         received_ms = _now_ms()
         self._rtt_ms = received_ms - sent_ms
         self._learn_offset(server_ms, sent_ms, received_ms)
@@ -537,8 +601,20 @@ class RedisMirror:
         self._loads = {w: (float(v), tick) for w, v in zip(workers, reply[2:], strict=True)}
         for res in reserves:
             res.tick = tick
+        self._end_batch(applied=True)
         self.syncs += 1
         self.operations_sent += len(reserves) + len(releases)
+
+    def _end_batch(self, applied: bool = False) -> None:
+        """The batch on the wire is in the copy (or lost); releases deferred on its
+        reservations queue with their tick, for the next sync (or are dropped)."""
+        self._sending, self._sending_releases, self._sending_ids = [], [], set()
+        self._in_batch = _Pending()
+        deferred, self._deferred, self._deferred_ms = self._deferred, [], {}
+        if applied:
+            for res in deferred:
+                self._releases.append(res)
+                self._queued.release(res.worker, res.inc_ms, res.tick)
 
     def _fail_waiters(self, exc: Exception) -> None:
         waiters, self._waiters = self._waiters, []

@@ -15,8 +15,14 @@ from router_harness import RedisServer
 from router_harness import redis_tick as server_tick
 from router_harness import run_async as run
 
-from router_service.load_store import FallbackStore, RedisMirror, RedisStore, make_store
-from router_service.routing.load import DECAY_FACTOR
+from router_service.load_store import (
+    FallbackStore,
+    RedisMirror,
+    RedisStore,
+    StoreReservation,
+    make_store,
+)
+from router_service.routing.load import DECAY_FACTOR, decayed
 
 W = "http://127.0.0.1:30001"
 V = "http://127.0.0.1:30002"
@@ -207,6 +213,70 @@ def test_a_replica_always_sees_its_own_reservations_even_while_a_batch_is_in_fli
             assert mirror.syncs < 400  # fewer round trips than operations
         finally:
             await mirror.close()
+
+    run(body)
+
+
+def _listed(mirror: RedisMirror, workers: list[str], now_ms: float) -> dict[str, float]:
+    """``read_local`` computed the plain way, operation by operation (its sums must agree)."""
+    tick = mirror._server_tick(now_ms)
+    out = {}
+    for w in workers:
+        value, at = mirror._loads.get(w, (0.0, tick))
+        out[w] = decayed(value, tick - at)
+    for res in (*mirror._reserves.values(), *mirror._sending):
+        out[res.worker] += res.inc_ms
+    for res in (*mirror._releases, *mirror._sending_releases):
+        out[res.worker] -= decayed(res.inc_ms, tick - res.tick)
+    for res in mirror._deferred:  # their reservation is in flight: no tick yet
+        out[res.worker] -= res.inc_ms
+    return {w: max(0.0, v) for w, v in out.items()}
+
+
+def test_reads_sum_pending_operations_exactly_as_listing_them_would(
+    redis_server: RedisServer, cluster_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random reserves, cancellations and releases of queued, in-flight and applied
+    reservations, with syncs (some held on the wire by CLIENT PAUSE): at every step the
+    per-worker sums give what listing every pending operation gives."""
+    import router_service.load_store as load_store
+
+    async def body() -> None:
+        mirror = await _mirror(redis_server, cluster_name, interval_ms=2)
+        admin = aioredis.Redis.from_url(redis_server.url)
+        rng = random.Random(11)
+        live: list[StoreReservation] = []
+        compared = deferred_seen = 0
+        try:
+            await mirror.read_many([W, V])
+            for step in range(400):
+                roll = rng.random()
+                if roll < 0.45 or not live:
+                    live.append(await mirror.reserve(rng.choice((W, V)), rng.uniform(1, 500)))
+                elif roll < 0.9:
+                    await mirror.release(live.pop(rng.randrange(len(live))))
+                elif roll < 0.93 and not mirror._in_flight:
+                    await admin.client_pause(30, all=False)  # holds the next batch's reply
+                else:
+                    await asyncio.sleep(rng.random() * 0.01)
+                deferred_seen += bool(mirror._deferred)
+                now_ms = load_store._now_ms()
+                monkeypatch.setattr(load_store, "_now_ms", lambda t=now_ms: t)
+                got = mirror.read_local([W, V])
+                monkeypatch.undo()
+                assert got == pytest.approx(_listed(mirror, [W, V], now_ms), abs=1e-6), step
+                compared += 1
+            for res in live:
+                await mirror.release(res)
+            await _until(lambda: not (mirror._reserves or mirror._releases or mirror._deferred))
+            await mirror.refresh()
+            assert await mirror.read_many([W, V]) == pytest.approx({W: 0.0, V: 0.0}, abs=1e-6)
+            assert await mirror.redis.read_many([W, V]) == pytest.approx({W: 0.0, V: 0.0}, abs=1e-6)
+        finally:
+            await admin.aclose()
+            await mirror.close()
+        assert compared == 400
+        assert deferred_seen > 0  # the in-flight path was exercised
 
     run(body)
 
