@@ -235,11 +235,11 @@ class RLTRadixCache(RadixCache):
         """
         root = self.root_node
         freed: list[Any] = []
-        trimmed: list[tuple[Any, int]] = []
+        trimmed: list[tuple[Any, int, int]] = []
         for node, tokens in plan:
             size = int(node.value.numel())
             if tokens < size:
-                trimmed.append((node, size - tokens))
+                trimmed.append((node, size - tokens, size))
                 continue
             freed.append(node.value)
             parent = node.parent
@@ -257,28 +257,32 @@ class RLTRadixCache(RadixCache):
         self.token_to_kv_pool_allocator.free_segment(indices, start_pos=0)
         return int(indices.numel())
 
-    def _trim_leaves(self, trimmed: list[tuple[Any, int]]) -> list[Any]:
-        """Cut each (leaf, tokens to keep): shorter key, value and hashes; return the tails."""
+    def _trim_leaves(self, trimmed: list[tuple[Any, int, int]]) -> list[Any]:
+        """Cut each (leaf, tokens to keep, its size): shorter key, value and hashes; return
+        the tails."""
         if self.kv_events.enabled:
-            for node, keep in trimmed:
+            for node, keep, _size in trimmed:
                 self._record_tail_removed(node, keep)
         page = self.page_size
         tails = []
-        for node, keep in trimmed:
-            key, value = node.key, node.value
+        dropped = 0
+        for node, keep, size in trimmed:
+            key = node.key
             if key.is_bigram:
                 node.key = key[:keep]
             else:  # what RadixKey.__getitem__ builds for [:keep], without its checks
                 node.key = RadixKey(key.token_ids[:keep], key.extra_key, cache_salt=key.cache_salt)
             # Views of the node's own storage (compact since insert or split cloned it);
             # heads cut from one buffer shared by many nodes would pin all their old values.
-            node.value = value[:keep]
-            tails.append(value[keep:])
+            # One split for head and tail: each tensor slice is a few us of dispatch.
+            node.value, tail = node.value.split_with_sizes([keep, size - keep])
+            tails.append(tail)
+            dropped += size - keep
             if node.hash_value is not None:
                 node.hash_value = node.hash_value[: keep // page]
             if node.event_hash_value is not None:
                 node.event_hash_value = node.event_hash_value[: keep // page]
-        self.evictable_size_ -= sum(int(t.numel()) for t in tails)
+        self.evictable_size_ -= dropped
         return tails
 
     def _record_tail_removed(self, node: Any, keep: int) -> None:
