@@ -97,6 +97,11 @@ class _SGLangTree:
         """Unlocked leaves in the order they became leaves (the reference cache's order)."""
         return sorted(self.cache.evictable_leaves, key=_leaf_seq_of)
 
+    def evictable_leaf_sizes(self) -> list[tuple[Any, int]]:
+        """The same leaves with their sizes in tokens, read from the value tensor (one
+        C call; a ``RadixKey``'s ``len`` is two Python calls, per leaf of every eviction)."""
+        return [(leaf, leaf.value.numel()) for leaf in self.evictable_leaves()]
+
     def drop_tails(self, plan: Iterable[tuple[Any, int]]) -> int:
         return self.cache._drop_tails(plan)
 

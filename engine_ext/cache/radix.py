@@ -269,6 +269,10 @@ class RadixCache:
         """Unlocked leaves, in a deterministic order (the order they became leaves)."""
         return (leaf for leaf in self._leaves if leaf.lock_ref == 0)
 
+    def evictable_leaf_sizes(self) -> list[tuple[RadixNode, int]]:
+        """``evictable_leaves`` with each leaf's size in tokens (RLT's candidate pass)."""
+        return [(leaf, len(leaf.key)) for leaf in self._leaves if leaf.lock_ref == 0]
+
     def is_leaf(self, node: RadixNode) -> bool:
         return node in self._leaves
 

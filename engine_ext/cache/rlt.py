@@ -74,8 +74,8 @@ class RLTEviction:
         """Unmarked, unlocked leaves with their sizes in pages."""
         phase, page = self.phase, self.cache.page_size
         return [
-            (leaf, len(leaf.key) // page)
-            for leaf in self.cache.evictable_leaves()
+            (leaf, tokens // page)
+            for leaf, tokens in self.cache.evictable_leaf_sizes()
             if leaf.mark_phase != phase
         ]
 
