@@ -248,9 +248,11 @@ return out
 _QUICK_SYNC_MS = DECAY_TICK_MS / 2
 
 
-class _Pending:
-    """Per-worker sums of this replica's operations that the copy does not hold yet, so a
-    read costs O(workers), not O(operations): a saturated replica has hundreds queued.
+class _Ops:
+    """This replica's load operations at one stage, queued or in the batch on the wire: the
+    operations themselves (to send, and to know whether a reservation is in the batch) and
+    their per-worker sums, so a read costs O(workers), not O(operations): a saturated
+    replica has hundreds pending.
 
     Reserved ms (with a count, so that a worker whose reservations were all cancelled reads
     exactly 0), and released ms grouped by the tick their reservation reached Redis at: a
@@ -258,31 +260,42 @@ class _Pending:
     tick is exact.
     """
 
-    __slots__ = ("released", "reserved")
+    __slots__ = ("released", "releases", "reserved", "reserves")
 
     def __init__(self) -> None:
+        self.reserves: dict[int, StoreReservation] = {}  # by id()
+        self.releases: list[StoreReservation] = []  # their reservations were applied
         self.reserved: dict[str, list[float]] = {}  # worker -> [ms, count]
         self.released: dict[str, dict[int, float]] = {}  # worker -> {tick: ms}
 
-    def reserve(self, worker: str, inc_ms: float) -> None:
-        entry = self.reserved.get(worker)
+    def __bool__(self) -> bool:
+        return bool(self.reserves or self.releases)
+
+    def reserve(self, res: StoreReservation) -> None:
+        self.reserves[id(res)] = res
+        entry = self.reserved.get(res.worker)
         if entry is None:
-            self.reserved[worker] = [inc_ms, 1]
+            self.reserved[res.worker] = [res.inc_ms, 1]
         else:
-            entry[0] += inc_ms
+            entry[0] += res.inc_ms
             entry[1] += 1
 
-    def cancel(self, worker: str, inc_ms: float) -> None:
-        entry = self.reserved[worker]
+    def cancel(self, res: StoreReservation) -> bool:
+        """Take back ``res`` if it is here (False if not)."""
+        if self.reserves.pop(id(res), None) is None:
+            return False
+        entry = self.reserved[res.worker]
         entry[1] -= 1
         if entry[1] <= 0:
-            del self.reserved[worker]
+            del self.reserved[res.worker]
         else:
-            entry[0] -= inc_ms
+            entry[0] -= res.inc_ms
+        return True
 
-    def release(self, worker: str, inc_ms: float, tick: int) -> None:
-        by_tick = self.released.setdefault(worker, {})
-        by_tick[tick] = by_tick.get(tick, 0.0) + inc_ms
+    def release(self, res: StoreReservation) -> None:
+        self.releases.append(res)
+        by_tick = self.released.setdefault(res.worker, {})
+        by_tick[res.tick] = by_tick.get(res.tick, 0.0) + res.inc_ms
 
     def adjust(self, worker: str, tick: int) -> float:
         """What these operations add to ``worker``'s load at ``tick``."""
@@ -295,6 +308,8 @@ class _Pending:
         return out
 
     def drop(self, worker: str) -> None:
+        self.reserves = {k: r for k, r in self.reserves.items() if r.worker != worker}
+        self.releases = [r for r in self.releases if r.worker != worker]
         self.reserved.pop(worker, None)
         self.released.pop(worker, None)
 
@@ -375,18 +390,12 @@ class RedisMirror:
         # The server's clock minus ours: each sync bounds it between its send and its reply;
         # the tightest bounds of recent syncs give the estimate (as NTP filters samples).
         self._offsets: deque[tuple[float, float]] = deque(maxlen=32)
-        self._reserves: dict[int, StoreReservation] = {}  # queued, by id()
-        self._releases: list[StoreReservation] = []  # queued; their reservations were sent
-        self._sending: list[StoreReservation] = []  # in the sync now in flight
-        self._sending_ids: set[int] = set()
-        self._sending_releases: list[StoreReservation] = []
+        self._queued = _Ops()
+        self._in_batch = _Ops()  # in the sync now in flight
         # Released while their reservation was in flight (its tick comes with the reply):
         # they count undecayed until then, and queue with their tick after it.
         self._deferred: list[StoreReservation] = []
         self._deferred_ms: dict[str, float] = {}
-        # The same operations as sums (read_local's O(workers) view of them).
-        self._queued = _Pending()
-        self._in_batch = _Pending()
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -399,7 +408,7 @@ class RedisMirror:
         """Send what is queued (the releases of requests that ended while draining), then
         stop; if Redis does not take it in time, those loads decay there on their own."""
         if self._task is not None:
-            if (self._reserves or self._releases or self._deferred) and not self._task.done():
+            if (self._queued or self._deferred) and not self._task.done():
                 with contextlib.suppress(RedisError, OSError, TimeoutError):
                     await asyncio.wait_for(self.refresh(), self.timeout_s)
             self._task.cancel()
@@ -458,32 +467,27 @@ class RedisMirror:
 
     async def reserve(self, worker: str, inc_ms: float) -> StoreReservation:
         res = StoreReservation(worker, inc_ms, -1, "redis")
-        self._reserves[id(res)] = res
-        self._queued.reserve(worker, inc_ms)
+        self._queued.reserve(res)
         self._wanted.setdefault(worker)  # read its load back with the batch
         self._wake.set()
         return res
 
     async def release(self, reservation: StoreReservation) -> None:
-        worker, inc = reservation.worker, reservation.inc_ms
-        if self._reserves.pop(id(reservation), None) is not None:
+        if self._queued.cancel(reservation):
             self.cancelled += 1  # never sent: nothing to undo in Redis
-            self._queued.cancel(worker, inc)
         elif reservation.tick >= 0:  # sent and applied
-            self._releases.append(reservation)
-            self._queued.release(worker, inc, reservation.tick)
+            self._queued.release(reservation)
             self._wake.set()
-        elif id(reservation) in self._sending_ids:  # being sent: its tick comes with the reply
+        elif id(reservation) in self._in_batch.reserves:  # its tick comes with the reply
+            worker = reservation.worker
             self._deferred.append(reservation)
-            self._deferred_ms[worker] = self._deferred_ms.get(worker, 0.0) + inc
+            self._deferred_ms[worker] = self._deferred_ms.get(worker, 0.0) + reservation.inc_ms
             self._wake.set()
         # else: queued before a reset (Redis was lost): it decays away wherever it landed
 
     async def remove(self, worker: str) -> None:
         self._loads.pop(worker, None)
         self._wanted.pop(worker, None)
-        self._reserves = {k: r for k, r in self._reserves.items() if r.worker != worker}
-        self._releases = [r for r in self._releases if r.worker != worker]
         self._queued.drop(worker)
         await self.redis.remove(worker)
 
@@ -542,7 +546,7 @@ class RedisMirror:
             refresh = self._urgent.is_set()
             self._wake.clear()
             self._urgent.clear()
-            if not (refresh or self._waiters or self._reserves or self._releases):
+            if not (refresh or self._waiters or self._queued):
                 continue  # everything queued was cancelled meanwhile
             waiters, self._waiters = self._waiters, []
             self._in_flight = True
@@ -565,11 +569,9 @@ class RedisMirror:
                 self._in_flight = False
 
     async def _sync_once(self) -> None:
-        reserves, self._reserves = list(self._reserves.values()), {}
-        releases, self._releases = self._releases, []  # every one has its tick
-        self._sending, self._sending_releases = reserves, releases
-        self._sending_ids = {id(r) for r in reserves}
-        self._in_batch, self._queued = self._queued, _Pending()
+        self._in_batch, self._queued = self._queued, _Ops()
+        reserves = list(self._in_batch.reserves.values())
+        releases = self._in_batch.releases  # every one has its tick
         workers = list(self._wanted)  # every worker the copy holds was wanted once
         keys = [self.redis.key(w) for w in workers]
         index = {w: i + 1 for i, w in enumerate(workers)}
@@ -608,13 +610,11 @@ class RedisMirror:
     def _end_batch(self, applied: bool = False) -> None:
         """The batch on the wire is in the copy (or lost); releases deferred on its
         reservations queue with their tick, for the next sync (or are dropped)."""
-        self._sending, self._sending_releases, self._sending_ids = [], [], set()
-        self._in_batch = _Pending()
+        self._in_batch = _Ops()
         deferred, self._deferred, self._deferred_ms = self._deferred, [], {}
         if applied:
             for res in deferred:
-                self._releases.append(res)
-                self._queued.release(res.worker, res.inc_ms, res.tick)
+                self._queued.release(res)
 
     def _fail_waiters(self, exc: Exception) -> None:
         waiters, self._waiters = self._waiters, []

@@ -206,7 +206,7 @@ def test_a_replica_always_sees_its_own_reservations_even_while_a_batch_is_in_fli
         try:
             await asyncio.gather(*(request(i) for i in range(200)))
             assert min(low) >= 1000.0 * F  # its own reservation, at most a tick decayed
-            await _until(lambda: not mirror._reserves and not mirror._releases, 2.0)
+            await _until(lambda: not mirror._queued, 2.0)
             await asyncio.sleep(0.05)
             assert (await mirror.read_many([W]))[W] == pytest.approx(0.0, abs=1e-6)
             assert (await mirror.redis.read_many([W]))[W] == pytest.approx(0.0, abs=1e-6)
@@ -224,9 +224,9 @@ def _listed(mirror: RedisMirror, workers: list[str], now_ms: float) -> dict[str,
     for w in workers:
         value, at = mirror._loads.get(w, (0.0, tick))
         out[w] = decayed(value, tick - at)
-    for res in (*mirror._reserves.values(), *mirror._sending):
+    for res in (*mirror._queued.reserves.values(), *mirror._in_batch.reserves.values()):
         out[res.worker] += res.inc_ms
-    for res in (*mirror._releases, *mirror._sending_releases):
+    for res in (*mirror._queued.releases, *mirror._in_batch.releases):
         out[res.worker] -= decayed(res.inc_ms, tick - res.tick)
     for res in mirror._deferred:  # their reservation is in flight: no tick yet
         out[res.worker] -= res.inc_ms
@@ -268,7 +268,7 @@ def test_reads_sum_pending_operations_exactly_as_listing_them_would(
                 compared += 1
             for res in live:
                 await mirror.release(res)
-            await _until(lambda: not (mirror._reserves or mirror._releases or mirror._deferred))
+            await _until(lambda: not (mirror._queued or mirror._deferred))
             await mirror.refresh()
             assert await mirror.read_many([W, V]) == pytest.approx({W: 0.0, V: 0.0}, abs=1e-6)
             assert await mirror.redis.read_many([W, V]) == pytest.approx({W: 0.0, V: 0.0}, abs=1e-6)
