@@ -2,7 +2,9 @@
 
 For one workload and one fleet, in a single run: ``kvroute serve`` with each policy
 (round_robin, power_of_two, cache_aware, lbgr) and the real sglang-router (PyPI
-``sglang-router==0.3.2``: cache_aware, power_of_two, round_robin), each on freshly flushed
+``sglang-router==0.3.2``: cache_aware, power_of_two, round_robin, and cache_aware with the
+paper's 0.4.6 thresholds as flags: ``--cache-threshold 0.5 --balance-abs-threshold 32
+--balance-rel-threshold 1.0001 --max-tree-size 2**24``), each on freshly flushed
 emulated workers (``kvroute emulate``), once with ``lru`` and once with ``rlt`` eviction (the
 workers are restarted between the two). Traffic comes from the open-loop load generator
 (``sim.loadgen``, streaming, one connection per request); the hit rate is read from the
@@ -65,13 +67,26 @@ ROUTERS = (
     ("kvroute", ("round_robin", "power_of_two", "cache_aware", "lbgr")),
     ("sglang-router", ("cache_aware", "power_of_two", "round_robin")),
 )
+# The paper's baseline ran sgl-router of SGLang 0.4.6 with its defaults; sglang-router 0.3.2
+# takes the same thresholds as flags (its low-match rule and tree stay 0.3.2's).
+PAPER_THRESHOLDS = (
+    "--cache-threshold",
+    "0.5",
+    "--balance-abs-threshold",
+    "32",
+    "--balance-rel-threshold",
+    "1.0001",
+    "--max-tree-size",
+    str(2**24),
+)
+VARIANTS = (("sglang-router", "cache_aware", "paper thresholds", PAPER_THRESHOLDS),)
 OURS = ("kvroute", "lbgr", "rlt")
 BASELINE = ("sglang-router", "cache_aware", "lru")
 TARGET_P50_RATIO = 0.5  # ours / baseline
 
 COLUMNS = (
     ("router", "router", "{}"),
-    ("policy", "policy", "{}"),
+    ("policy", "policy_label", "{}"),
     *FLEET_METRIC_COLUMNS,
     ("failed", "failed", "{}"),
     ("CPU (cores)", "harness_cores", "{:.2f}"),
@@ -85,10 +100,21 @@ class RowSpec:
     router: str
     policy: str
     eviction: str
+    variant: str = ""  # a named set of extra router flags
+    extra: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
-        return f"{self.router} {self.policy}+{self.eviction}"
+        variant = f" ({self.variant})" if self.variant else ""
+        return f"{self.router} {self.policy}{variant}+{self.eviction}"
+
+
+def row_specs(eviction: str, only: Sequence[str] = ()) -> list[RowSpec]:
+    """Every router x policy, then the named variants; ``only`` keeps labels containing one
+    of its strings."""
+    specs = [RowSpec(r, p, eviction) for r, policies in ROUTERS for p in policies]
+    specs += [RowSpec(r, p, eviction, v, extra) for r, p, v, extra in VARIANTS]
+    return [s for s in specs if not only or any(o in s.label for o in only)]
 
 
 # -- CPU accounting (Linux /proc; None elsewhere) ----------------------------------------------
@@ -98,7 +124,7 @@ def measure(
 ) -> tuple[dict[str, Any], list[float]]:
     """Flush, start the router, warm it up, flush again, run the workload; stop the router."""
     cluster.flush()
-    url = cluster.start_router(spec.router, spec.policy)
+    url = cluster.start_router(spec.router, spec.policy, spec.extra)
     try:
         cluster.warm_up()
         config = BenchConfig(url=url, time_scale=time_scale, worker_urls=list(cluster.worker_urls))
@@ -121,6 +147,8 @@ def _row(spec: RowSpec, status: str, summary: dict[str, Any] | None = None) -> d
     return {
         **(summary or {"policy": spec.policy, "eviction": spec.eviction}),
         "router": spec.router,
+        "variant": spec.variant,
+        "policy_label": f"{spec.policy} ({spec.variant})" if spec.variant else spec.policy,
         "label": spec.label,
         "status": status,
     }
@@ -130,7 +158,7 @@ def run_eviction(
     eviction: str, workload: GSPWorkload, args: Any, latencies: dict[str, list[float]]
 ) -> list[dict[str, Any]]:
     """Every router row on one set of freshly started workers with ``eviction``."""
-    specs = [RowSpec(r, p, eviction) for r, policies in ROUTERS for p in policies]
+    specs = row_specs(eviction, args.rows)
     have_sglang = importlib.util.find_spec("sglang_router") is not None
     rows: list[dict[str, Any]] = []
     with LocalCluster(
@@ -166,7 +194,9 @@ def _find(rows: Sequence[dict[str, Any]], key: tuple[str, str, str]) -> dict[str
         (
             r
             for r in rows
-            if (r["router"], r["policy"], r["eviction"]) == key and r["status"] == "ok"
+            if (r["router"], r["policy"], r["eviction"]) == key
+            and not r.get("variant")
+            and r["status"] == "ok"
         ),
         None,
     )
@@ -211,8 +241,19 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     parser.add_argument("--capacity-tokens", type=int, default=None, help="default: profile")
     parser.add_argument("--plot", default=None, help="PNG path (default: next to --out)")
     parser.add_argument("--log-dir", default=None, help="keep worker and router logs here")
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        default=(),
+        metavar="TEXT",
+        help="run only the rows whose label contains one of these, e.g. 'kvroute lbgr' "
+        "'sglang-router cache_aware' (default: all)",
+    )
     args = parser.parse_args(argv)
     check_gsp_fleet_args(parser, args)
+    if args.rows and not row_specs(EVICTIONS[0], args.rows):
+        known = ", ".join(repr(s.label.rsplit("+", 1)[0]) for s in row_specs(EVICTIONS[0]))
+        parser.error(f"--rows {' '.join(args.rows)!r} matches no row; rows: {known}")
     args.plot = args.plot or str(args.out.with_suffix(".png"))
     return args
 
