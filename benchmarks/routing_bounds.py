@@ -19,9 +19,11 @@ any router could reach on that workload, by adding two rows no router can run:
 Rows (every one on the same seeded workloads; ``cache_aware`` is kvroute's implementation of
 the rule sglang-router 0.3.2 runs, with today's defaults or the paper's 0.4.6 flags):
 ``cache_aware`` + ``lru`` (the issue's baseline), ``cache_aware`` (paper flags) + ``lru``,
-``lbgr`` + ``rlt`` (our default), ``lbgr`` + ``rlt`` with ``alpha`` 0.5, the oracle with
-``lru`` and ``rlt``, and the pooled bound. The table gives p50 latency and hit rate per seed
-and each row's p50 over the baseline's.
+``lbgr`` + ``rlt`` (our default), ``lbgr`` + ``rlt`` with ``alpha`` 0.5, kvroute's hold
+queue (one request per worker in flight, the rest wait in the router and go where they are
+cached, shortest first: ``router_service.routing.hold_queue``) with ``rlt`` and ``lru``, the
+oracle with ``lru`` and ``rlt``, and the pooled bound. The table gives p50 latency and hit
+rate per seed and each row's p50 over the baseline's.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 
 from _common import base_parser, format_ratio, ratio, write_json
 
+from router_service.routing import HoldSettings
 from router_service.routing.policies.basic import _plain
 from router_service.routing.policy import SGLANG_INDEX, eligible, policy_names, register_policy
 from router_service.routing.types import Decision, Learned, Outcome, RouteRequest, WorkerSnapshot
@@ -105,6 +108,7 @@ class Row:
     eviction: str
     params: tuple[tuple[str, Any], ...] = ()
     pooled: bool = False
+    queue_slots: int = 0  # kvroute's hold queue (slots freed at the end of a response)
 
 
 BASELINE = "cache_aware + lru"
@@ -114,6 +118,8 @@ ROWS = (
     Row("cache_aware (paper flags) + lru", "cache_aware", "lru", (("preset", "paper"),)),
     Row(OURS, "lbgr", "rlt"),
     Row("lbgr + rlt, alpha 0.5", "lbgr", "rlt", (("alpha", 0.5),)),
+    Row("lbgr + rlt, hold queue (1 slot)", "lbgr", "rlt", queue_slots=1),
+    Row("lbgr + lru, hold queue (1 slot)", "lbgr", "lru", queue_slots=1),
     Row("oracle sticky + lru", "oracle_sticky", "lru"),
     Row("oracle sticky + rlt", "oracle_sticky", "rlt"),
     Row("pooled bound (1 worker, 4x speed, 4x cache) + rlt", "round_robin", "rlt", pooled=True),
@@ -148,6 +154,7 @@ def run_row(job: tuple[Row, int, bool]) -> dict[str, Any]:
             eviction=row.eviction,
             profile=PROFILE,
             seed=seed,
+            hold=HoldSettings(slots=row.queue_slots, free_at_first_token=False),
         )
     workload = GSPWorkload(gsp_config(seed, quick))
     started = time.perf_counter()

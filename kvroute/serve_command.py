@@ -51,6 +51,28 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--model-snapshot-path", default=None, help="save/load models here")
     p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
     p.add_argument(
+        "--queue-slots",
+        type=int,
+        default=None,
+        metavar="N",
+        help="hold queue: at most N of this replica's requests in flight per worker, the "
+        "rest wait in the router and go where they are cached, shortest first (default 0: off)",
+    )
+    p.add_argument(
+        "--queue-free-at",
+        choices=["first_token", "end"],
+        default=None,
+        help="hold queue: a streamed request frees its slot at its first chunk (default) or "
+        "at the end of the response (short outputs)",
+    )
+    p.add_argument(
+        "--queue-max-wait-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="hold queue: after S seconds waiting a request goes to any worker (default 20)",
+    )
+    p.add_argument(
         "--time-scale",
         type=float,
         default=None,
@@ -86,6 +108,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             model_snapshot_path=args.model_snapshot_path,
             time_scale=args.time_scale,
             log_level=args.log_level,
+            queue_slots=args.queue_slots,
+            queue_free_at=args.queue_free_at,
+            queue_max_wait_s=args.queue_max_wait_s,
         )
     except SettingsError as exc:
         parser.error(str(exc))

@@ -24,7 +24,7 @@ from kvroute.workload_args import (
     positive_int,
 )
 from models import ModelSpecError, parse_spec
-from router_service.routing import policy_names
+from router_service.routing import HoldSettings, policy_names
 from sim.ceiling import OfflineLimits
 from sim.cluster import ClusterConfig, simulate
 from sim.profiles import PROFILES
@@ -123,6 +123,22 @@ def add_parser(sub: Any) -> None:
         metavar="X",
         help="cache_aware: override the preset's cache_threshold (match rate needed, 0..1)",
     )
+    f.add_argument(
+        "--queue-slots",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="hold requests in the router, at most N in flight per worker (late binding with "
+        "cache affinity, shortest first; router_service.routing.hold_queue); default: off",
+    )
+    f.add_argument(
+        "--queue-max-wait-s",
+        type=_positive_float,
+        default=HoldSettings().max_wait_ms / 1000.0,
+        metavar="S",
+        help="with --queue-slots: a request waiting this long goes to any worker "
+        "(default %(default)g)",
+    )
     f.add_argument("--profile", choices=sorted(PROFILES), default="llama3.1-8b-l40")
     f.add_argument(
         "--capacity-tokens",
@@ -166,6 +182,7 @@ def cluster_config(args: argparse.Namespace, policy: str, eviction: str) -> Clus
         seed=args.seed,
         worker_speeds=args.worker_speeds,
         speed_changes=tuple(args.speed_change),
+        hold=HoldSettings(slots=args.queue_slots or 0, max_wait_ms=args.queue_max_wait_s * 1000.0),
     )
 
 

@@ -168,6 +168,8 @@ def forget_worker(state: ServiceState, url: str) -> None:
     state.router.remove_worker(url)
     for per_worker in (state.prompt_units, state.cached_units, state.last_queue_ms):
         per_worker.pop(url, None)
+    if state.queue is not None:
+        state.queue.forget_worker(url)
 
 
 def build_policy(

@@ -173,6 +173,7 @@ async def health(request: Request) -> JSONResponse:
         },
         "store": store,
         "index_sync": snap["index_sync"],
+        "queue": snap["queue"],
         "draining": state.draining,
     }
     return JSONResponse(body, status_code=503 if status in ("unavailable", "draining") else 200)

@@ -33,13 +33,14 @@ from router_service.api_data import router as data_router
 from router_service.api_schema import install_openapi
 from router_service.breaker import BreakerSettings
 from router_service.decisions import DecisionLog
+from router_service.dispatch import DispatchQueue
 from router_service.errors import ServiceError, error_response, internal_error_response
 from router_service.index_sync import IndexSync
 from router_service.load_store import FallbackStore, RedisMirror, make_store
 from router_service.metrics import Metrics
 from router_service.model_snapshots import ModelSnapshots
 from router_service.proxy import forward
-from router_service.routing import LBGRPolicy, Router
+from router_service.routing import HoldSettings, LBGRPolicy, Router
 from router_service.routing.block_keys import BlockKeys
 from router_service.settings import Settings
 from router_service.state import ServiceState
@@ -86,6 +87,22 @@ def _build_state(settings: Settings) -> ServiceState:
     for url in settings.worker_urls:
         state.pool.add(url)
     state.metrics = Metrics(state.snapshot, state.replica_id)
+    hold = HoldSettings(
+        slots=settings.queue_slots,
+        max_wait_ms=settings.queue_max_wait_s * 1000.0,
+        window=settings.queue_window,
+        bind_ratio=settings.queue_bind_ratio,
+        free_at_first_token=settings.queue_free_at == "first_token",
+    )
+    if hold.enabled:
+        pool = state.pool
+        state.queue = DispatchQueue(
+            hold,
+            state.router,
+            lambda: [s.url for s in pool.statuses({}) if s.healthy],  # health and breakers
+            state.now_ms,
+            state.metrics,
+        )
     if isinstance(state.store, FallbackStore) and isinstance(state.store.backend, RedisMirror):
         state.store.backend.on_read_age = state.metrics.load_copy_age_seconds.observe
     redis = None
@@ -176,6 +193,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         asyncio.create_task(state.pool.run(settings.health_interval_s), name="health"),
         asyncio.create_task(_every(1.0, trim), name="trim"),
     ]
+    if state.queue is not None:
+        # Arrivals and freed slots run the queue's passes; this one catches what neither
+        # does: a worker back from down or newly added, a request reaching its max wait.
+        tasks.append(asyncio.create_task(_every(0.25, state.queue.pump), name="queue"))
     if state.index_sync is not None:
         state.index_sync.start()
     if state.snapshots.enabled:

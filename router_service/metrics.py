@@ -158,6 +158,17 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.queue_waiting = Gauge(
+            "kvroute_queue_waiting",
+            "Requests waiting in the hold queue for a free worker slot",
+            registry=r,
+        )
+        self.queue_wait_seconds = Histogram(
+            "kvroute_queue_wait_seconds",
+            "Time a request waited in the hold queue",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.prompt_units = Counter(
             "kvroute_prompt_units", "Prompt units routed", ["worker"], registry=r
         )

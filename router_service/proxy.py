@@ -11,6 +11,7 @@ that breaks after it started is never retried: it ends with an SSE error event (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -20,6 +21,7 @@ import aiohttp
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from router_service.dispatch import DispatchQueue
 from router_service.errors import ServiceError
 from router_service.relay import SKIP_REQUEST_HEADERS, Flight, relay
 from router_service.request_parsing import ParsedRequest, load_json, parse_body
@@ -158,7 +160,28 @@ async def _attempt(
             parsed.route.max_new_tokens,
         )
         parsed = ParsedRequest(parsed.kind, route, parsed.stream, parsed.body)
-    flight = await _commit(state, parsed, statuses, attempt)
+    queue, slot = state.queue, None
+    if queue is not None and any(s.healthy for s in statuses):
+        # The hold queue picks the worker (and when): wait for a free slot, then route there.
+        slot = await _wait_for_slot(queue, request, parsed.route, frozenset(failed))
+    try:
+        if slot is not None:
+            statuses = _only(await state.worker_statuses(), slot, failed)
+            if not any(s.healthy for s in statuses):  # it went down while this one waited
+                failed[slot] = "unavailable_while_queued"
+                raise _Retryable(
+                    ServiceError(
+                        503,
+                        f"worker {slot} became unavailable while the request waited",
+                        error_type="upstream_unavailable",
+                    )
+                )
+        flight = await _commit(state, parsed, statuses, attempt)
+    except BaseException:
+        if queue is not None and slot is not None:
+            queue.release(slot)
+        raise
+    flight.queue_slot = slot is not None
     decision = flight.decision
     headers = {"X-KVRoute-Decision-Id": decision.decision_id, "X-KVRoute-Worker": decision.chosen}
     try:
@@ -183,6 +206,50 @@ async def _attempt(
         )
         raise _Retryable(error)
     return await relay(flight, upstream, headers), flight
+
+
+async def _wait_for_slot(
+    queue: DispatchQueue, request: Request, route: RouteRequest, avoid: frozenset[str]
+) -> str:
+    """The hold queue's pick for ``route``; a client that leaves meanwhile leaves the queue
+    (its request is never sent) instead of holding a place it will not use."""
+    turn = asyncio.ensure_future(queue.wait_turn(route, avoid))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({turn, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not turn.done():  # the client left (or this handler is cancelled): leave the queue
+            turn.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await turn
+    if turn.cancelled():
+        raise ServiceError(400, "client disconnected while the request waited for a worker")
+    return turn.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body was read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _only(statuses: list[WorkerStatus], chosen: str, failed: dict[str, str]) -> list[WorkerStatus]:
+    """The statuses with every worker but the hold queue's pick ineligible (so /explain says
+    why); the pick stays as its health says, and fails the attempt if it went down."""
+    return [
+        s
+        if s.url == chosen
+        else WorkerStatus(
+            s.url,
+            False,
+            f"failed this request: {failed[s.url]}"
+            if s.url in failed
+            else f"hold queue: sent to {chosen}, which had a free slot first",
+            s.queue_ms,
+        )
+        for s in statuses
+    ]
 
 
 async def _commit(

@@ -69,12 +69,22 @@ class Flight:
     first_byte: float | None = None
     closed: bool = False
     on_close: Callable[[], None] | None = None  # e.g. free the request's admission slot
+    queue_slot: bool = False  # holds a hold-queue slot on its worker until freed
+
+    def free_queue_slot(self) -> None:
+        """Give the hold-queue slot back (once): at the first chunk or at the end."""
+        if self.queue_slot:
+            self.queue_slot = False
+            queue = self.state.queue
+            if queue is not None:
+                queue.release(self.decision.chosen)
 
     async def close(self, ok: bool, status: str, *, worker_fault: bool = False) -> None:
         """Release, learn, record. ``worker_fault`` counts against the worker's breaker."""
         if self.closed:
             return
         self.closed = True
+        self.free_queue_slot()
         if self.on_close is not None:
             self.on_close()
         state, decision = self.state, self.decision
@@ -159,6 +169,8 @@ async def _stream(flight: Flight, upstream: aiohttp.ClientResponse) -> AsyncGene
         async for chunk in upstream.content.iter_any():
             if flight.first_byte is None:
                 flight.first_byte = time.perf_counter()
+                if flight.queue_slot and flight.state.settings.queue_free_at == "first_token":
+                    flight.free_queue_slot()
             yield chunk
         completed = True
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:

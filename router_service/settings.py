@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -85,6 +85,15 @@ class Settings(BaseSettings):
     breaker_successes: int = Field(3, ge=1)
     breaker_open_s: float = Field(10.0, gt=0)
     max_in_flight: int = Field(0, ge=0)  # 0: no cap
+    # The hold queue (router_service.dispatch): at most this many of this replica's requests
+    # in flight per worker, the rest wait in the router (0: off, route at arrival).
+    queue_slots: int = Field(0, ge=0, le=1024)
+    queue_max_wait_s: float = Field(20.0, gt=0)  # then a waiting request goes to any worker
+    queue_window: int = Field(64, ge=1, le=4096)  # waiting requests considered per pass
+    queue_bind_ratio: float = Field(0.25, gt=0, le=1)  # cached share that binds to a worker
+    # "first_token": a streamed request frees its slot at its first chunk (decode does not
+    # count); "end": when the response ends (best for short outputs, see docs/operations.md).
+    queue_free_at: Literal["first_token", "end"] = "first_token"
     rate_limit_rps: float = Field(0.0, ge=0)  # 0: no limit
     rate_limit_burst: int = Field(0, ge=0)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)

@@ -13,6 +13,7 @@ import aiohttp
 from models import ModelSlot
 from router_service.admission import Admission
 from router_service.decisions import DecisionLog
+from router_service.dispatch import DispatchQueue
 from router_service.index_sync import IndexSync
 from router_service.load_store import LoadStore
 from router_service.metrics import Metrics
@@ -41,6 +42,7 @@ class ServiceState:
     cached_units: dict[str, int] = field(default_factory=dict)
     admission: Admission = field(default_factory=Admission)
     index_sync: IndexSync | None = None
+    queue: DispatchQueue | None = None  # the hold queue (settings.queue_slots > 0)
     snapshots: ModelSnapshots = field(
         default_factory=lambda: ModelSnapshots(None, None, "default", "", None)
     )
@@ -95,4 +97,5 @@ class ServiceState:
             "model_version": slot.version if slot is not None else None,
             "store": self.store.status(),
             "index_sync": self.index_sync.status() if self.index_sync is not None else None,
+            "queue": self.queue.snapshot() if self.queue is not None else None,
         }

@@ -23,6 +23,9 @@ from engine_ext.cache import RadixCache
 from router_service.routing import (
     Decision,
     EmbeddedLoadStore,
+    Held,
+    HoldQueue,
+    HoldSettings,
     Outcome,
     Reservation,
     Router,
@@ -53,6 +56,7 @@ class ClusterConfig:
     worker_speeds: Sequence[float] | None = None
     speed_changes: Sequence[tuple[int, float, float]] = ()  # (worker index, at s, new speed)
     seed: int = 0
+    hold: HoldSettings = field(default_factory=HoldSettings)  # slots > 0: hold_queue
 
     def worker_urls(self) -> list[str]:
         return [f"http://sim-worker-{i}" for i in range(self.workers)]
@@ -72,6 +76,7 @@ class RequestRecord:
     arrival_ms: float
     prompt_tokens: int
     cached_tokens: int = 0
+    sent_ms: float | None = None  # left the router (later than arrival in the hold queue)
     first_token_ms: float | None = None
     finished_ms: float | None = None
     failed: str | None = None
@@ -99,6 +104,8 @@ class _InFlight:
     record: RequestRecord
     decision: Decision
     reservation: Reservation | None
+    sent_ms: float  # when it left the router (after any time in the hold queue)
+    holds_slot: bool = False  # a hold-queue slot, freed at the first token or the end
 
 
 def simulate(
@@ -113,6 +120,7 @@ def simulate(
         make_policy(config.policy, random.Random(rng.getrandbits(64)), **dict(config.policy_params))
     )
     store = EmbeddedLoadStore()
+    queue = HoldQueue(config.hold) if config.hold.enabled else None
     records: list[RequestRecord] = []
     in_flight: dict[str, _InFlight] = {}
     urls = config.worker_urls()
@@ -130,12 +138,27 @@ def simulate(
         job.record.cached_tokens = req.cached
         if job.reservation is not None:
             store.release(job.reservation, env.now_ms)
-        router.complete(job.decision, Outcome(True, job.record.latency_ms, job.record.ttft_ms))
+        # The policy learns the worker's part: from when the request left the router.
+        sent, first = job.sent_ms, job.record.first_token_ms
+        router.complete(
+            job.decision,
+            Outcome(True, env.now_ms - sent, None if first is None else first - sent),
+        )
         if on_progress is not None:
             on_progress(1)
+        free_slot(job)
 
     def first_token(req: EngineRequest) -> None:
-        in_flight[req.rid].record.first_token_ms = env.now_ms
+        job = in_flight[req.rid]
+        job.record.first_token_ms = env.now_ms
+        if job.holds_slot and config.hold.free_at_first_token:
+            free_slot(job)
+
+    def free_slot(job: _InFlight) -> None:
+        if queue is not None and job.holds_slot:
+            job.holds_slot = False
+            queue.release(job.decision.chosen)
+            pump()
 
     workers = []
     for url, profile in zip(urls, config.worker_profiles(), strict=True):
@@ -152,17 +175,46 @@ def simulate(
     def arrive(item: WorkloadRequest) -> None:
         now = env.now_ms
         router.maybe_trim(now)
-        statuses = [WorkerStatus(u, queue_ms=store.read(u, now)) for u in urls]
         request = RouteRequest(item.rid, item.prompt, len(item.prompt), item.max_new_tokens)
+        if queue is None:
+            send(item, request, now, None)
+            return
+        queue.push(Held(request, now, item))
+        pump()
+
+    def pump() -> None:
+        assert queue is not None
+        now = env.now_ms
+        picks = queue.assign(
+            urls,
+            now,
+            router.cached_by_worker,
+            lambda held, worker: router.place(held.request, worker, now),
+        )
+        for held, worker in picks:
+            send(held.ticket, held.request, held.arrived_ms, worker)
+
+    def send(
+        item: WorkloadRequest, request: RouteRequest, arrived_ms: float, only: str | None
+    ) -> None:
+        """Route (to ``only`` when the hold queue picked the worker) and send."""
+        now = env.now_ms
+        statuses = [
+            WorkerStatus(u, queue_ms=store.read(u, now))
+            if only is None or u == only
+            else WorkerStatus(u, False, f"hold queue: sent to {only}", store.read(u, now))
+            for u in urls
+        ]
         decision = router.route(request, statuses, now)
         reservation = (
             store.reserve(decision.chosen, decision.reserve_ms, now)
             if decision.reserve_ms is not None
             else None
         )
-        record = RequestRecord(item.rid, decision.chosen, now, len(item.prompt))
+        record = RequestRecord(item.rid, decision.chosen, arrived_ms, len(item.prompt))
+        record.sent_ms = now
         records.append(record)
-        in_flight[item.rid] = _InFlight(record, decision, reservation)
+        in_flight[item.rid] = _InFlight(record, decision, reservation, now, only is not None)
         worker = by_url[decision.chosen]
         env.schedule(worker.profile.request_overhead_ms, deliver, worker, item)
 
@@ -179,6 +231,7 @@ def simulate(
             router.complete(job.decision, Outcome(False, status="rejected"))
             if on_progress is not None:
                 on_progress(1)
+            free_slot(job)
 
     base_profile = get_profile(config.profile)
     for index, at_s, speed in config.speed_changes:

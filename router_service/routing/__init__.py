@@ -1,6 +1,7 @@
 """The pure routing core: no I/O, no FastAPI, no Redis; clock and RNG are injected."""
 
 from router_service.routing.features import FEATURE_NAMES, residual_features
+from router_service.routing.hold_queue import Held, HoldQueue, HoldSettings
 from router_service.routing.load import EmbeddedLoadStore, Reservation
 from router_service.routing.policies import (
     CACHE_AWARE_PRESETS,
@@ -38,6 +39,9 @@ __all__ = [
     "Candidate",
     "Decision",
     "EmbeddedLoadStore",
+    "Held",
+    "HoldQueue",
+    "HoldSettings",
     "IndexSettings",
     "LBGRPolicy",
     "Learned",

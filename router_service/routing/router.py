@@ -101,6 +101,16 @@ class Router:
             matched = self._match(request)
         return matched.get(worker, 0)
 
+    def cached_by_worker(self, request: RouteRequest) -> dict[str, int]:
+        """Units of ``request`` the index believes each worker caches (the hold queue's
+        matcher); workers caching nothing are absent."""
+        return self._match(request)
+
+    def place(self, request: RouteRequest, worker: str, now_ms: float) -> None:
+        """Record in the index that ``request`` goes to ``worker`` before its decision is
+        committed (the hold queue picks several requests in one pass)."""
+        self.index.insert(self.index_key(request), worker, now_ms)
+
     def index_units(self, worker: str) -> int:
         """Prompt units the index holds for ``worker`` (block-granular with block keys)."""
         units = self.index.units(worker)

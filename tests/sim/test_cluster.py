@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 from contracts import DESIGN_7_KEYS
 
-from router_service.routing import LBGRPolicy, RouteRequest, WorkerStatus
+from router_service.routing import HoldSettings, LBGRPolicy, RouteRequest, WorkerStatus
 from sim.cluster import ClusterConfig, SimRun, simulate
 from sim.profiles import PROFILES, ServiceProfile
 from sim.report import markdown_table, summarize
@@ -165,3 +165,44 @@ def test_markdown_table_prints_one_row_per_summary() -> None:
     assert len(table) == 4
     assert table[2].startswith("| lbgr | rlt | 0.500 | - |")
     assert table[3].startswith("| random | - | - |")
+
+
+def _most_at_once(intervals: list[tuple[float, float]]) -> int:
+    edges = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    most = now = 0
+    for _, step in edges:  # an end before a start at the same instant
+        now += step
+        most = max(most, now)
+    return most
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_the_hold_queue_bounds_requests_per_worker_and_keeps_groups_together(slots: int) -> None:
+    workload = GSPWorkload(
+        GSPConfig(num_groups=6, prompts_per_group=8, total_lens=(256, 512), rate=40.0, seed=3)
+    )
+    hold = HoldSettings(slots=slots, free_at_first_token=False)
+    config = ClusterConfig(workers=3, policy="lbgr", eviction="rlt", seed=3, hold=hold)
+    run = simulate(config, workload)
+    summary = summarize(run)
+    assert (summary["completed"], summary["failed"]) == (48, 0)
+    assert json.dumps(summary, sort_keys=True) == json.dumps(
+        summarize(simulate(config, workload)), sort_keys=True
+    )
+    by_worker: dict[str, list[tuple[float, float]]] = {}
+    for record in run.records:
+        assert record.sent_ms is not None and record.finished_ms is not None
+        assert record.arrival_ms <= record.sent_ms
+        by_worker.setdefault(record.worker, []).append((record.sent_ms, record.finished_ms))
+    assert max(_most_at_once(spans) for spans in by_worker.values()) == slots
+    assert sum(r.sent_ms > r.arrival_ms for r in run.records if r.sent_ms) > 0  # some waited
+    # Affinity: every group's requests went to one worker (none aged past the max wait).
+    homes: dict[int, set[str]] = {}
+    group_of = {item.rid: item.group for item in workload}
+    for record in run.records:
+        homes.setdefault(group_of[record.rid], set()).add(record.worker)
+    assert all(len(workers) == 1 for workers in homes.values()), homes
+    unqueued = summarize(
+        simulate(ClusterConfig(workers=3, policy="lbgr", eviction="rlt", seed=3), workload)
+    )
+    assert summary["hit_rate"] >= unqueued["hit_rate"]

@@ -1,0 +1,147 @@
+"""The hold queue over real HTTP: slots per worker, freeing at the first chunk or the end,
+clients that leave while waiting, and what /health, /metrics and /explain say."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from fake_worker import FakeWorker
+from router_harness import RouterServer, wait_until
+
+
+def _send_all(router: RouterServer, bodies: list[dict[str, Any]], stagger_s: float) -> list[Any]:
+    """POST /generate bodies from threads, ``stagger_s`` apart; returns the responses."""
+    out: list[Any] = [None] * len(bodies)
+
+    def send(i: int) -> None:
+        with httpx.Client(base_url=router.url, timeout=30.0) as client:
+            out[i] = client.post("/generate", json=bodies[i])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+        time.sleep(stagger_s)
+    for thread in threads:
+        thread.join()
+    return out
+
+
+def test_one_slot_sends_a_worker_one_request_at_a_time(
+    workers: Callable[..., FakeWorker], routers: Callable[..., RouterServer]
+) -> None:
+    worker = workers("a", delay_s=0.3)
+    router = routers(worker_urls=[worker.url], policy="lbgr", queue_slots=1, queue_free_at="end")
+    responses = _send_all(router, [{"text": f"prompt {i}"} for i in range(3)], stagger_s=0.02)
+    assert [r.status_code for r in responses] == [200, 200, 200]
+    arrivals = sorted(r.at_s for r in worker.received)
+    # Each request reaches the worker only after the one before it answered (0.3 s).
+    assert all(b - a >= 0.29 for a, b in zip(arrivals, arrivals[1:], strict=False)), arrivals
+    health = router.client.get("/health").json()
+    queue = health["queue"]
+    assert queue["slots"] == 1
+    assert queue["waiting"] == 0
+    assert queue["busy"] == {}
+    assert queue["dispatched"] == 3
+    metrics = router.client.get("/metrics").text
+    assert "kvroute_queue_waiting 0.0" in metrics
+    assert "kvroute_queue_wait_seconds_count 3.0" in metrics
+
+
+def test_without_the_queue_requests_overlap_on_the_worker(
+    workers: Callable[..., FakeWorker], routers: Callable[..., RouterServer]
+) -> None:
+    """The control for the test above: the same load reaches the worker at once."""
+    worker = workers("a", delay_s=0.3)
+    router = routers(worker_urls=[worker.url], policy="lbgr")
+    responses = _send_all(router, [{"text": f"prompt {i}"} for i in range(3)], stagger_s=0.02)
+    assert [r.status_code for r in responses] == [200, 200, 200]
+    arrivals = sorted(r.at_s for r in worker.received)
+    assert arrivals[-1] - arrivals[0] < 0.25
+    assert router.client.get("/health").json()["queue"] is None
+
+
+def _stream_arrivals(
+    workers: Callable[..., FakeWorker], routers: Callable[..., RouterServer], free_at: str
+) -> list[float]:
+    worker = workers("a", chunk_pause_s=0.5)  # the first chunk at once, the rest 0.5 s later
+    router = routers(worker_urls=[worker.url], queue_slots=1, queue_free_at=free_at)
+    bodies = [{"text": f"prompt {i}", "stream": True} for i in range(2)]
+    responses = _send_all(router, bodies, stagger_s=0.05)
+    assert [r.status_code for r in responses] == [200, 200]
+    assert all("[DONE]" in r.text for r in responses)
+    return sorted(r.at_s for r in worker.received)
+
+
+def test_a_stream_frees_its_slot_at_its_first_chunk(
+    workers: Callable[..., FakeWorker], routers: Callable[..., RouterServer]
+) -> None:
+    first, second = _stream_arrivals(workers, routers, "first_token")
+    assert second - first < 0.4  # it did not wait for the first stream's remaining 0.5 s
+
+
+def test_with_free_at_end_a_stream_holds_its_slot_to_the_end(
+    workers: Callable[..., FakeWorker], routers: Callable[..., RouterServer]
+) -> None:
+    first, second = _stream_arrivals(workers, routers, "end")
+    assert second - first >= 0.49
+
+
+def test_a_client_that_leaves_while_waiting_is_never_sent(
+    workers: Callable[..., FakeWorker], routers: Callable[..., RouterServer]
+) -> None:
+    worker = workers("a", delay_s=0.6)
+    router = routers(worker_urls=[worker.url], queue_slots=1, queue_free_at="end")
+    done: list[int] = []
+
+    def first() -> None:
+        with httpx.Client(base_url=router.url, timeout=30.0) as client:
+            done.append(client.post("/generate", json={"text": "first"}).status_code)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert wait_until(lambda: worker.served() == 1)
+    with httpx.Client(base_url=router.url, timeout=0.2) as client:  # gives up while held
+        try:
+            client.post("/generate", json={"text": "impatient"})
+        except httpx.TimeoutException:
+            pass
+    assert wait_until(lambda: router.client.get("/health").json()["queue"]["abandoned"] == 1)
+    thread.join()
+    assert done == [200]
+    # The slot is free again: a new request goes straight through, and the one that left
+    # was never sent.
+    resp = router.client.post("/generate", json={"text": "later"})
+    assert resp.status_code == 200
+    assert [r.body["text"] for r in worker.received] == ["first", "later"]
+    queue = router.client.get("/health").json()["queue"]
+    assert queue["busy"] == {}
+    assert queue["waiting"] == 0
+
+
+def test_explain_of_a_held_request_names_the_queue(
+    workers: Callable[..., FakeWorker], routers: Callable[..., RouterServer]
+) -> None:
+    a, b = workers("a"), workers("b")
+    router = routers(worker_urls=[a.url, b.url], policy="lbgr", queue_slots=1)
+    resp = router.client.post("/generate", json={"text": "hello there"})
+    assert resp.status_code == 200
+    decision = router.client.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
+    chosen = resp.headers["X-KVRoute-Worker"]
+    other = next(c for c in decision["candidates"] if c["worker"] != chosen)
+    assert other["eligible"] is False
+    assert other["reason"] == f"hold queue: sent to {chosen}, which had a free slot first"
+
+
+def test_queue_settings_are_checked(routers: Callable[..., RouterServer]) -> None:
+    import pytest
+
+    from router_service.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError, match="queue_free_at"):
+        load_settings(None, queue_free_at="later")
+    with pytest.raises(SettingsError, match="queue_slots"):
+        load_settings(None, queue_slots=-1)
