@@ -83,10 +83,11 @@ PAPER_THRESHOLDS = (
 )
 # kvroute's hold queue (router_service.dispatch): one request in prefill per worker, the
 # rest wait in the router and go where they are cached, shortest first. GSP's outputs are
-# 4 tokens, so a slot is held to the end of the response; the max wait is wall time (10 s
-# is 20 emulated seconds at the default 2x).
-HOLD_QUEUE = ("--queue-slots", "1", "--queue-free-at", "end", "--queue-max-wait-s", "10")
-VARIANTS = (
+# 4 tokens, so a slot is held to the end of the response. Its max wait is wall time:
+# ``row_specs`` scales the router's default (20 s) to emulated seconds.
+HOLD_QUEUE = ("--queue-slots", "1", "--queue-free-at", "end")
+HOLD_QUEUE_MAX_WAIT_S = 20.0  # emulated
+VARIANTS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("sglang-router", "cache_aware", "paper thresholds", PAPER_THRESHOLDS),
     ("kvroute", "lbgr", "hold queue", HOLD_QUEUE),
 )
@@ -120,11 +121,15 @@ class RowSpec:
         return f"{self.router} {self.policy}{variant}+{self.eviction}"
 
 
-def row_specs(eviction: str, only: Sequence[str] = ()) -> list[RowSpec]:
+def row_specs(eviction: str, only: Sequence[str] = (), time_scale: float = 1.0) -> list[RowSpec]:
     """Every router x policy, then the named variants; ``only`` keeps labels containing one
     of its strings."""
     specs = [RowSpec(r, p, eviction) for r, policies in ROUTERS for p in policies]
-    specs += [RowSpec(r, p, eviction, v, extra) for r, p, v, extra in VARIANTS]
+    for router, policy, variant, flags in VARIANTS:
+        extra: tuple[str, ...] = flags
+        if flags is HOLD_QUEUE:
+            extra = (*flags, "--queue-max-wait-s", f"{HOLD_QUEUE_MAX_WAIT_S / time_scale:g}")
+        specs.append(RowSpec(router, policy, eviction, variant, extra))
     return [s for s in specs if not only or any(o in s.label for o in only)]
 
 
@@ -169,7 +174,7 @@ def run_eviction(
     eviction: str, workload: GSPWorkload, args: Any, latencies: dict[str, list[float]]
 ) -> list[dict[str, Any]]:
     """Every router row on one set of freshly started workers with ``eviction``."""
-    specs = row_specs(eviction, args.rows)
+    specs = row_specs(eviction, args.rows, args.time_scale)
     have_sglang = importlib.util.find_spec("sglang_router") is not None
     rows: list[dict[str, Any]] = []
     with LocalCluster(

@@ -132,6 +132,13 @@ def add_parser(sub: Any) -> None:
         "cache affinity, shortest first; router_service.routing.hold_queue); default: off",
     )
     f.add_argument(
+        "--queue-free-at",
+        choices=["first_token", "end"],
+        default="first_token",
+        help="with --queue-slots: a request frees its slot at its first token (default) or "
+        "at its end (short outputs)",
+    )
+    f.add_argument(
         "--queue-max-wait-s",
         type=_positive_float,
         default=HoldSettings().max_wait_ms / 1000.0,
@@ -182,7 +189,11 @@ def cluster_config(args: argparse.Namespace, policy: str, eviction: str) -> Clus
         seed=args.seed,
         worker_speeds=args.worker_speeds,
         speed_changes=tuple(args.speed_change),
-        hold=HoldSettings(slots=args.queue_slots or 0, max_wait_ms=args.queue_max_wait_s * 1000.0),
+        hold=HoldSettings(
+            slots=args.queue_slots or 0,
+            max_wait_ms=args.queue_max_wait_s * 1000.0,
+            free_at_first_token=args.queue_free_at == "first_token",
+        ),
     )
 
 

@@ -53,6 +53,9 @@ def run_json(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, Any]:
         (["--gsp-lens", "64,x"], "expected comma-separated integers"),
         (["--order", "sorted"], "argument --order: invalid choice"),
         (["--capacity-tokens", "132"], "--capacity-tokens must exceed the longest prompt"),
+        (["--queue-slots", "0"], "argument --queue-slots: must be >= 1"),
+        (["--queue-free-at", "later"], "argument --queue-free-at: invalid choice"),
+        (["--queue-max-wait-s", "0"], "argument --queue-max-wait-s: must be > 0"),
     ],
 )
 def test_bad_input_exits_2_with_usage_and_the_reason(
@@ -86,6 +89,17 @@ def test_json_last_line_has_the_design_7_keys(capsys: pytest.CaptureFixture[str]
         assert {"requests", "hit_rate"} <= worker.keys()
     assert sum(w["requests"] for w in summary["per_worker"]) == 16
     assert summary["policy_params"] == {"preset": "paper"}
+
+
+def test_the_hold_queue_is_reported_with_its_waits(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = run_json(capsys, "--policy", "lbgr")
+    assert "queue" not in plain
+    queued = run_json(capsys, "--policy", "lbgr", "--queue-slots", "1", "--queue-free-at", "end")
+    assert (queued["completed"], queued["failed"]) == (16, 0)
+    queue = queued["queue"]
+    assert (queue["slots"], queue["free_at"], queue["max_wait_s"]) == (1, "end", 20.0)
+    assert 0.0 <= queue["p50_wait_s"] <= queue["p95_wait_s"]
+    assert queue["p95_wait_s"] > 0.0  # 50 req/s on two workers, one at a time: some wait
 
 
 def test_capacity_just_large_enough_for_the_longest_request(
