@@ -3,6 +3,8 @@ clients that leave while waiting, and what /health, /metrics and /explain say.""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +41,7 @@ def test_one_slot_sends_a_worker_one_request_at_a_time(
     assert [r.status_code for r in responses] == [200, 200, 200]
     arrivals = sorted(r.at_s for r in worker.received)
     # Each request reaches the worker only after the one before it answered (0.3 s).
-    assert all(b - a >= 0.29 for a, b in zip(arrivals, arrivals[1:], strict=False)), arrivals
+    assert all(b - a >= 0.29 for a, b in itertools.pairwise(arrivals)), arrivals
     health = router.client.get("/health").json()
     queue = health["queue"]
     assert queue["slots"] == 1
@@ -104,11 +106,11 @@ def test_a_client_that_leaves_while_waiting_is_never_sent(
     thread = threading.Thread(target=first)
     thread.start()
     assert wait_until(lambda: worker.served() == 1)
-    with httpx.Client(base_url=router.url, timeout=0.2) as client:  # gives up while held
-        try:
-            client.post("/generate", json={"text": "impatient"})
-        except httpx.TimeoutException:
-            pass
+    with (
+        httpx.Client(base_url=router.url, timeout=0.2) as client,  # gives up while held
+        contextlib.suppress(httpx.TimeoutException),
+    ):
+        client.post("/generate", json={"text": "impatient"})
     assert wait_until(lambda: router.client.get("/health").json()["queue"]["abandoned"] == 1)
     thread.join()
     assert done == [200]

@@ -191,7 +191,8 @@ def test_the_hold_queue_bounds_requests_per_worker_and_keeps_groups_together(slo
     )
     by_worker: dict[str, list[tuple[float, float]]] = {}
     for record in run.records:
-        assert record.sent_ms is not None and record.finished_ms is not None
+        assert record.sent_ms is not None
+        assert record.finished_ms is not None
         assert record.arrival_ms <= record.sent_ms
         by_worker.setdefault(record.worker, []).append((record.sent_ms, record.finished_ms))
     assert max(_most_at_once(spans) for spans in by_worker.values()) == slots

@@ -117,7 +117,7 @@ def test_slots_bound_the_requests_in_flight_per_worker() -> None:
         q.push(Held(request(f"r{i}", f"{i}" * 10), 0.0))
     picks = q.assign(W, 1.0, idx.match, idx.place)
     assert len(picks) == 6
-    assert q.busy == {w: 2 for w in W}
+    assert q.busy == dict.fromkeys(W, 2)
     q.release(W[2])
     assert [w for _, w in q.assign(W, 2.0, idx.match, idx.place)] == [W[2]]
 
