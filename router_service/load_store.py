@@ -366,6 +366,7 @@ class RedisMirror:
         self._wake = asyncio.Event()
         self._urgent = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False  # close() was called: the sync loop ends
         self._in_flight = False
         self._rtt_ms = 0.0  # the last sync, send to reply as this loop saw it
         self._waiters: list[asyncio.Future[None]] = []
@@ -402,18 +403,24 @@ class RedisMirror:
         await self.redis.start()
         await self.redis.client.script_load(_SYNC)
         if self._task is None or self._task.done():
+            self._closing = False
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
         """Send what is queued (the releases of requests that ended while draining), then
         stop; if Redis does not take it in time, those loads decay there on their own."""
-        if self._task is not None:
-            if (self._queued or self._deferred) and not self._task.done():
+        task = self._task
+        if task is not None:
+            if (self._queued or self._deferred) and not task.done():
                 with contextlib.suppress(RedisError, OSError, TimeoutError):
                     await asyncio.wait_for(self.refresh(), self.timeout_s)
-            self._task.cancel()
+            # The flag stops the loop even if the cancellation is swallowed on the way (the
+            # Redis client may turn a CancelledError mid-command into a connection error).
+            self._closing = True
+            self._wake.set()
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await asyncio.wait({task}, timeout=max(self.timeout_s, 1.0))
             self._task = None
         self._fail_waiters(ConnectionError("load store closed"))
         await self.redis.close()
@@ -536,9 +543,15 @@ class RedisMirror:
         self._request_sync()
         await fut
 
+    def _stopped(self) -> bool:
+        """``close()`` was called (read after every await: it can change meanwhile)."""
+        return self._closing
+
     async def _run(self) -> None:
-        while True:
+        while not self._stopped():
             await self._wake.wait()
+            if self._stopped():
+                return
             if not self._urgent.is_set():  # writes only: let a batch form
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.interval_s):
@@ -559,6 +572,8 @@ class RedisMirror:
                 for fut in waiters:
                     if not fut.done():
                         fut.set_exception(ConnectionError(f"load sync failed: {exc!r}"))
+                if self._stopped():
+                    return  # a close cancelled the sync (the error may be the cancellation)
                 if self.on_error is not None:
                     self.on_error(exc)
             else:

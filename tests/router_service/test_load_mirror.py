@@ -8,6 +8,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -448,5 +449,39 @@ def test_a_read_waits_for_a_fresh_copy_only_on_a_loop_that_answers_quickly(
             await _until(lambda: mirror.syncs > syncs)
         finally:
             await mirror.close()
+
+    run(body)
+
+
+def test_close_stops_the_sync_loop_even_when_the_client_swallows_the_cancellation(
+    redis_server: RedisServer, cluster_name: str
+) -> None:
+    """redis-py may turn a CancelledError raised mid-command into a connection error; the
+    loop must still stop on close() instead of waiting for the next wake-up forever."""
+
+    async def body() -> None:
+        mirror = await _mirror(redis_server, cluster_name, interval_ms=1)
+        in_command = asyncio.Event()
+
+        async def stuck_sync(**_: Any) -> Any:
+            in_command.set()
+            try:
+                await asyncio.Event().wait()  # a reply that never comes
+            except asyncio.CancelledError:
+                raise ConnectionError("connection closed by cancellation") from None
+
+        mirror._sync = stuck_sync  # type: ignore[method-assign,assignment]
+        await mirror.reserve(W, 100.0)
+        await asyncio.wait_for(in_command.wait(), 5.0)
+        task = mirror._task
+        assert task is not None
+        closing = asyncio.ensure_future(mirror.close())
+        done, _ = await asyncio.wait({closing}, timeout=5.0)  # not wait_for: no second cancel
+        if not done:  # the bug: clean up, then fail
+            task.cancel()
+            closing.cancel()
+            await asyncio.gather(closing, return_exceptions=True)
+        assert closing in done, "close() hung on a sync loop that swallowed its cancellation"
+        assert task.done()
 
     run(body)
