@@ -108,7 +108,7 @@ class DispatchQueue:
 
     def forget_worker(self, url: str) -> None:
         """The worker left: its slots go, and requests bound to it are matched again."""
-        self.queue.busy.pop(url, None)
+        self.queue.forget(url)
         self.pump()
 
     def _gauge(self) -> None:

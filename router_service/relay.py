@@ -79,6 +79,13 @@ class Flight:
             if queue is not None:
                 queue.release(self.decision.chosen)
 
+    def first_chunk(self) -> None:
+        """The worker's first streamed chunk: its prefill is done, so with the hold queue's
+        ``free_at_first_token`` the slot goes back now."""
+        queue = self.state.queue
+        if self.queue_slot and queue is not None and queue.settings.free_at_first_token:
+            self.free_queue_slot()
+
     async def close(self, ok: bool, status: str, *, worker_fault: bool = False) -> None:
         """Release, learn, record. ``worker_fault`` counts against the worker's breaker."""
         if self.closed:
@@ -169,8 +176,7 @@ async def _stream(flight: Flight, upstream: aiohttp.ClientResponse) -> AsyncGene
         async for chunk in upstream.content.iter_any():
             if flight.first_byte is None:
                 flight.first_byte = time.perf_counter()
-                if flight.queue_slot and flight.state.settings.queue_free_at == "first_token":
-                    flight.free_queue_slot()
+                flight.first_chunk()
             yield chunk
         completed = True
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:

@@ -106,9 +106,9 @@ class HoldQueue:
         else:
             self.busy.pop(worker, None)
 
-    def free_slots(self, workers: Sequence[str]) -> int:
-        slots = self.settings.slots
-        return sum(max(0, slots - self.busy.get(w, 0)) for w in workers)
+    def forget(self, worker: str) -> None:
+        """``worker`` left the fleet: its slots go (late releases for it change nothing)."""
+        self.busy.pop(worker, None)
 
     def assign(
         self,
