@@ -145,14 +145,7 @@ async def _attempt(
     attempt: int,
     failed: dict[str, str],
 ) -> tuple[Response, Flight]:
-    statuses = await state.worker_statuses()
-    if failed:  # never the same worker twice for one request
-        statuses = [
-            WorkerStatus(s.url, False, f"failed this request: {failed[s.url]}", s.queue_ms)
-            if s.url in failed
-            else s
-            for s in statuses
-        ]
+    if failed:  # a retry: its own decision id
         route = RouteRequest(
             f"{parsed.route.request_id}-{attempt}",
             parsed.route.key,
@@ -161,21 +154,20 @@ async def _attempt(
         )
         parsed = ParsedRequest(parsed.kind, route, parsed.stream, parsed.body)
     queue, slot = state.queue, None
-    if queue is not None and any(s.healthy for s in statuses):
+    if queue is not None and any(url not in failed for url in queue.healthy()):
         # The hold queue picks the worker (and when): wait for a free slot, then route there.
         slot = await _wait_for_slot(queue, request, parsed.route, frozenset(failed))
     try:
-        if slot is not None:
-            statuses = _only(await state.worker_statuses(), slot, failed)
-            if not any(s.healthy for s in statuses):  # it went down while this one waited
-                failed[slot] = "unavailable_while_queued"
-                raise _Retryable(
-                    ServiceError(
-                        503,
-                        f"worker {slot} became unavailable while the request waited",
-                        error_type="upstream_unavailable",
-                    )
+        statuses = _restrict(await state.worker_statuses(), failed, slot)
+        if slot is not None and not any(s.healthy for s in statuses):
+            failed[slot] = "unavailable_while_queued"  # it went down while this one waited
+            raise _Retryable(
+                ServiceError(
+                    503,
+                    f"worker {slot} became unavailable while the request waited",
+                    error_type="upstream_unavailable",
                 )
+            )
         flight = await _commit(state, parsed, statuses, attempt)
     except BaseException:
         if queue is not None and slot is not None:
@@ -234,22 +226,22 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def _only(statuses: list[WorkerStatus], chosen: str, failed: dict[str, str]) -> list[WorkerStatus]:
-    """The statuses with every worker but the hold queue's pick ineligible (so /explain says
-    why); the pick stays as its health says, and fails the attempt if it went down."""
-    return [
-        s
-        if s.url == chosen
-        else WorkerStatus(
-            s.url,
-            False,
-            f"failed this request: {failed[s.url]}"
-            if s.url in failed
-            else f"hold queue: sent to {chosen}, which had a free slot first",
-            s.queue_ms,
-        )
-        for s in statuses
-    ]
+def _restrict(
+    statuses: list[WorkerStatus], failed: dict[str, str], only: str | None
+) -> list[WorkerStatus]:
+    """Workers that already failed this request are ineligible (never the same worker twice);
+    with the hold queue's pick ``only``, so is every other worker (``/explain`` says why)."""
+    if not failed and only is None:
+        return statuses
+    out = []
+    for s in statuses:
+        if s.url in failed:
+            s = WorkerStatus(s.url, False, f"failed this request: {failed[s.url]}", s.queue_ms)
+        elif only is not None and s.url != only:
+            reason = f"hold queue: sent to {only}, which had a free slot first"
+            s = WorkerStatus(s.url, False, reason, s.queue_ms)
+        out.append(s)
+    return out
 
 
 async def _commit(
