@@ -18,7 +18,10 @@ The KV pool is SGLang's real ``TokenToKVPoolAllocator`` on the CPU (``--pool sgl
 ``free`` concatenates the freed indices onto the free list, once per call, so LRU pays one
 such call per evicted leaf and RLT one per ``evict``. ``--pool noop`` swaps in an allocator
 whose ``free`` does nothing, to show the tree work alone. On a GPU every ``free`` is a
-device ``torch.cat``, a kernel launch, which this CPU benchmark does not capture.
+device ``torch.cat``, a kernel launch: ``--device cuda`` puts the pool (and so every index
+tensor in the tree) on the GPU, as a serving worker has it, and then times wall-clock ns
+from a synchronized start to a synchronized end of the call (a CUDA launch returns before the
+work is done; the GPU machine is not shared, so wall time is fair there).
 
 Tree shapes (the same as ``benchmarks/eviction_cost.py``): ``gsp`` (groups of a ~1k-token
 shared prefix with 8 questions of ~256 tokens), ``chat`` (multi-turn conversations under a
@@ -78,14 +81,13 @@ SHAPES: dict[str, Callable[[np.random.Generator, int], list[Ids]]] = {
 class NoopAllocator:
     """A pool that hands out fresh indices and forgets frees: the tree's own cost alone."""
 
-    device = "cpu"
-
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, device: str = "cpu") -> None:
         self.size = size
+        self.device = device
         self._next = 1
 
     def alloc(self, need: int) -> torch.Tensor:
-        out = torch.arange(self._next, self._next + need, dtype=torch.int64)
+        out = torch.arange(self._next, self._next + need, dtype=torch.int64, device=self.device)
         self._next += need
         return out
 
@@ -96,15 +98,17 @@ class NoopAllocator:
         pass
 
 
-def make_pool(kind: str, size: int) -> Any:
+def make_pool(kind: str, size: int, device: str = "cpu") -> Any:
     if kind == "noop":
-        return NoopAllocator(size)
-    return TokenToKVPoolAllocator(size, torch.bfloat16, "cpu", None, need_sort=False)
+        return NoopAllocator(size, device)
+    return TokenToKVPoolAllocator(size, torch.bfloat16, device, None, need_sort=False)
 
 
 # -- building and timing --------------------------------------------------------------------------
-def build(keys: Sequence[Ids], policy: str, capacity: int, seed: int, pool: str) -> RadixCache:
-    allocator = make_pool(pool, capacity)
+def build(
+    keys: Sequence[Ids], policy: str, capacity: int, seed: int, pool: str, device: str = "cpu"
+) -> RadixCache:
+    allocator = make_pool(pool, capacity, device)
     params = CacheInitParams(
         disable=False,
         req_to_token_pool=None,
@@ -121,8 +125,8 @@ def build(keys: Sequence[Ids], policy: str, capacity: int, seed: int, pool: str)
     return cache
 
 
-def tree_stats(keys: Sequence[Ids], pool: str) -> dict[str, int]:
-    cache = build(keys, "lru", 10 * TREE_TOKENS, SEED, pool)
+def tree_stats(keys: Sequence[Ids], pool: str, device: str = "cpu") -> dict[str, int]:
+    cache = build(keys, "lru", 10 * TREE_TOKENS, SEED, pool, device)
     nodes, stack = 0, list(cache.root_node.children.values())
     while stack:
         node = stack.pop()
@@ -136,13 +140,18 @@ def tree_stats(keys: Sequence[Ids], pool: str) -> dict[str, int]:
     }
 
 
-def timed_evict(cache: RadixCache, tokens: int) -> tuple[int, int, int]:
-    """CPU ns and wall ns of one ``evict(tokens)`` call, and the tokens it freed."""
+def timed_evict(cache: RadixCache, tokens: int, cuda: bool = False) -> tuple[int, int, int]:
+    """CPU ns and wall ns of one ``evict(tokens)`` call, and the tokens it freed; with
+    ``cuda`` the wall time runs from a synchronized start to the end of the queued work."""
     gc.collect()
+    if cuda:
+        torch.cuda.synchronize()
     gc.disable()
     try:
         wall, cpu = time.perf_counter_ns(), time.process_time_ns()
         freed = cache.evict(EvictParams(num_tokens=tokens)).num_tokens_evicted
+        if cuda:
+            torch.cuda.synchronize()
         cpu, wall = time.process_time_ns() - cpu, time.perf_counter_ns() - wall
     finally:
         gc.enable()
@@ -156,16 +165,20 @@ def check_sizes(cache: RadixCache, before: int, freed: int) -> None:
 
 
 def measure_point(
-    keys: Sequence[Ids], capacity: int, tokens: int, repeats: int, pool: str
+    keys: Sequence[Ids], capacity: int, tokens: int, repeats: int, pool: str, device: str = "cpu"
 ) -> dict[str, dict[str, list[int]]]:
-    samples = {p: {"ns": [], "wall_ns": [], "freed": []} for p in POLICIES}
+    """Samples per policy: ``ns`` is the figure (CPU ns on a CPU pool, synchronized wall
+    ns on a GPU pool), ``cpu_ns`` and ``wall_ns`` both kept."""
+    cuda = device != "cpu"
+    samples = {p: {"ns": [], "cpu_ns": [], "wall_ns": [], "freed": []} for p in POLICIES}
     for rep in range(repeats):
         for policy in POLICIES if rep % 2 == 0 else POLICIES[::-1]:
-            cache = build(keys, policy, capacity, seed=rep, pool=pool)
+            cache = build(keys, policy, capacity, seed=rep, pool=pool, device=device)
             before = cache.total_size()
-            cpu, wall, freed = timed_evict(cache, tokens)
+            cpu, wall, freed = timed_evict(cache, tokens, cuda)
             check_sizes(cache, before, freed)
-            samples[policy]["ns"].append(cpu)
+            samples[policy]["ns"].append(wall if cuda else cpu)
+            samples[policy]["cpu_ns"].append(cpu)
             samples[policy]["wall_ns"].append(wall)
             samples[policy]["freed"].append(freed)
     return samples
@@ -177,18 +190,23 @@ def summarize_point(
     return eviction_row(shape, tokens, samples, TARGET_RATIO)
 
 
-COLUMNS = (
-    ("shape", "shape", "{}"),
-    ("evict", "evict_tokens", "{:,}"),
-    ("lru freed", "lru_freed_median", "{:,}"),
-    ("rlt freed", "rlt_freed_median", "{:,}"),
-    ("lru CPU ms", "lru_median_ms", "{:.2f}"),
-    ("rlt CPU ms", "rlt_median_ms", "{:.2f}"),
-    ("lru ns/token", "lru_ns_per_token", "{:.0f}"),
-    ("rlt ns/token", "rlt_ns_per_token", "{:.0f}"),
-    ("rlt/lru", "rlt_over_lru_text", "{}"),
-    ("rlt <= lru", "meets_target", "{}"),
-)
+def columns(device: str) -> tuple[tuple[str, str, str], ...]:
+    """The rows' columns; the time is CPU time on a CPU pool, wall time on a GPU pool."""
+    clock = "CPU" if device == "cpu" else "wall"
+    return (
+        ("shape", "shape", "{}"),
+        ("evict", "evict_tokens", "{:,}"),
+        ("lru freed", "lru_freed_median", "{:,}"),
+        ("rlt freed", "rlt_freed_median", "{:,}"),
+        (f"lru {clock} ms", "lru_median_ms", "{:.2f}"),
+        (f"rlt {clock} ms", "rlt_median_ms", "{:.2f}"),
+        ("lru ns/token", "lru_ns_per_token", "{:.0f}"),
+        ("rlt ns/token", "rlt_ns_per_token", "{:.0f}"),
+        ("rlt/lru", "rlt_over_lru_text", "{}"),
+        ("rlt <= lru", "meets_target", "{}"),
+    )
+
+
 SHAPE_COLUMNS = (
     ("shape", "shape", "{}"),
     ("tokens", "tokens", "{:,}"),
@@ -218,28 +236,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--pool", choices=("sglang", "noop"), default="sglang", help="KV pool (see above)"
     )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where the KV pool's index tensors live: cpu (default) or cuda[:N] (a GPU machine)",
+    )
     args = parser.parse_args(argv)
     repeats = args.repeats or (5 if args.quick else 21)
     if repeats < 1:
         parser.error("--repeats must be >= 1")
+    device = args.device
+    if device != "cpu":
+        if not device.startswith("cuda"):
+            parser.error(f"--device must be cpu or cuda[:N], got {device!r}")
+        if not torch.cuda.is_available():
+            parser.error("--device cuda needs a CUDA build of torch and a visible GPU")
     torch.set_num_threads(1)  # one core, like the scheduler's eviction path
     started = time.perf_counter()
     shapes: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     for shape in args.shapes:
         keys = SHAPES[shape](np.random.default_rng(SEED), TREE_TOKENS)
-        stats = tree_stats(keys, args.pool)
+        stats = tree_stats(keys, args.pool, device)
         capacity = stats["tokens"] + stats["tokens"] // 100  # a bit above: no eviction on build
         shapes.append({"shape": shape, **stats, "capacity_tokens": capacity})
         for tokens in EVICT_TOKENS:
-            samples = measure_point(keys, capacity, tokens, repeats, args.pool)
+            samples = measure_point(keys, capacity, tokens, repeats, args.pool, device)
             rows.append(summarize_point(shape, tokens, samples))
     wall_s = time.perf_counter() - started
 
     version = _sglang_version()
-    print(f"## Eviction CPU time inside SGLang {version}, rlt vs lru (pool: {args.pool})\n")
+    where = "CPU time" if device == "cpu" else f"wall time on {torch.cuda.get_device_name(device)}"
+    print(
+        f"## Eviction {where} inside SGLang {version}, rlt vs lru "
+        f"(pool: {args.pool}, KV indices on {device})\n"
+    )
     print(markdown_table(shapes, SHAPE_COLUMNS) + "\n")
-    print(markdown_table(rows, COLUMNS) + "\n")
+    print(markdown_table(rows, columns(device)) + "\n")
     held = sum(1 for r in rows if r["meets_target"] == "yes")
     print(
         f"rlt <= lru per evicted token at {held} of {len(rows)} points; "
@@ -253,6 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "quick": args.quick,
             "repeats": repeats,
             "pool": args.pool,
+            "device": device,
+            "device_name": "cpu" if device == "cpu" else torch.cuda.get_device_name(device),
+            "clock": "process CPU time" if device == "cpu" else "synchronized wall time",
             "sglang_version": _sglang_version(),
             "torch_version": torch.__version__,
             "target_ratio": TARGET_RATIO,

@@ -3,13 +3,17 @@
 The allocator is the ``mock_allocator`` that SGLang's ``RadixCache.create_simulated`` takes
 (``device``, ``free_segment``, ``free``) plus ``size`` (the RLT capacity) and ``alloc``; it
 hands out page-aligned KV indices and fails a test on any index freed twice or never handed
-out. ``Worker`` replays requests the way SGLang's scheduler uses the tree (match, lock,
-evict the shortfall, allocate, insert, unlock) against either SGLang's cache or the
-reference cache, so both see identical operations.
+out. ``KVROUTE_TEST_DEVICE`` (default ``cpu``) puts its index tensors, and so every value
+in the tree, on another torch device: ``KVROUTE_TEST_DEVICE=cuda scripts/test_engine.sh``
+runs the tier with the KV indices on a GPU, as a serving worker holds them. ``Worker``
+replays requests the way SGLang's scheduler uses the tree (match, lock, evict the
+shortfall, allocate, insert, unlock) against either SGLang's cache or the reference cache,
+so both see identical operations.
 """
 
 from __future__ import annotations
 
+import os
 import random
 from array import array
 from collections.abc import Iterator, Sequence
@@ -23,11 +27,13 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 from engine_ext.cache import RadixCache as ReferenceCache
 from engine_ext.sglang_rlt import RLTRadixCache
 
+DEVICE = os.environ.get("KVROUTE_TEST_DEVICE", "cpu")
+
 
 class TrackingAllocator:
     """A KV pool of ``size`` token slots in pages; every free is checked and recorded."""
 
-    device = "cpu"
+    device = DEVICE
 
     def __init__(self, size: int, page_size: int = 1) -> None:
         if size % page_size:
@@ -52,7 +58,7 @@ class TrackingAllocator:
         )
         ids = [p * page + i for p in pages for i in range(page)]
         self.in_use.update(ids)
-        return torch.tensor(ids, dtype=torch.int64)
+        return torch.tensor(ids, dtype=torch.int64, device=self.device)
 
     def free_segment(self, values: torch.Tensor, start_pos: int = 0) -> None:
         assert start_pos % self.page_size == 0
@@ -60,6 +66,8 @@ class TrackingAllocator:
 
     def free(self, values: torch.Tensor) -> None:
         self.free_calls += 1
+        if values.device.type != torch.device(self.device).type:
+            raise AssertionError(f"freed indices on {values.device}, the pool is on {self.device}")
         ids = values.tolist()
         page = self.page_size
         if len(ids) % page:
@@ -135,6 +143,8 @@ def check_tree(cache: RadixCache, allocator: TrackingAllocator | None = None) ->
         elif not node.children:
             leaves.add(node)
         values.extend(node.value.tolist())
+        if allocator is not None and node.value.device.type != torch.device(allocator.device).type:
+            raise AssertionError(f"a node's value moved to {node.value.device}")
         if isinstance(cache, RLTRadixCache) and cache.is_marked(node):
             marked += n
     assert cache.evictable_size() == total - protected, "evictable size drifted"
