@@ -70,9 +70,16 @@ class EmulatedRuntime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def overhead(self) -> None:
-        """The per-request overhead (tokenisation, HTTP), scaled."""
-        await asyncio.sleep(self.profile.request_overhead_ms / 1000.0 / self.time_scale)
+    async def overhead(self, spent_s: float = 0.0) -> None:
+        """The per-request overhead (tokenisation, HTTP), scaled.
+
+        ``spent_s`` is the wall time this worker already spent on the request (reading and
+        parsing its body): it is part of that overhead, so only the rest is slept. Charging
+        both would bill the HTTP work twice, ``time_scale`` times over in emulated time.
+        """
+        await asyncio.sleep(
+            max(0.0, self.profile.request_overhead_ms / 1000.0 / self.time_scale - spent_s)
+        )
 
     def submit(self, request: EngineRequest) -> Submission:
         """Queue a request (raises RequestTooLarge / ValueError for impossible ones)."""

@@ -156,9 +156,9 @@ def _content(content: Any) -> str:
     return str(content or "")
 
 
-async def _run(runtime: EmulatedRuntime, job: _Job) -> Submission:
-    await runtime.overhead()
+async def _run(runtime: EmulatedRuntime, job: _Job, arrived_s: float) -> Submission:
     req = EngineRequest(job.rid, ids_to_key(job.prompt_ids), job.max_new)
+    await runtime.overhead(spent_s=time.monotonic() - arrived_s)
     try:
         return runtime.submit(req)
     except RequestTooLarge as exc:
@@ -192,10 +192,10 @@ def _text(n: int) -> str:
 
 async def handle(request: web.Request, kind: str) -> web.StreamResponse:
     runtime, config = request.app[RUNTIME], request.app[CONFIG]
+    arrived_s, started_ms = time.monotonic(), runtime.now_ms()
     try:
         job = _job(await _json(request), kind, config.default_max_new_tokens)
-        started_ms = runtime.now_ms()
-        sub = await _run(runtime, job)
+        sub = await _run(runtime, job, arrived_s)
     except BadRequest as exc:
         return _error(400, exc.message)
 

@@ -7,6 +7,7 @@ recomputes the last prompt token even on a full hit, so a request's cached token
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from conftest import EmulatorServer
 
+from sim.emulator.runtime import EmulatedRuntime
 from sim.profiles import get_profile
 
 PREFIX = list(range(1000, 1100))  # 100 tokens shared by A and B
@@ -120,3 +122,24 @@ def test_time_scaling_keeps_emulated_durations(emulator: Callable[..., EmulatorS
     # Ideally 4x; HTTP and event-loop overheads do not shrink with the scale.
     assert wall_s[5.0] > 2.0 * wall_s[20.0], wall_s
     assert wall_s[5.0] >= 0.97 * model_s / 5.0
+
+
+@pytest.mark.parametrize(
+    ("spent_ms", "slept_ms"),
+    [(0.0, 2.5), (1.0, 1.5), (2.5, 0.0), (40.0, 0.0)],
+)
+def test_the_request_overhead_counts_the_time_already_spent_on_the_request(
+    monkeypatch: pytest.MonkeyPatch, spent_ms: float, slept_ms: float
+) -> None:
+    """The modelled 5 ms (at 2x: 2.5 ms of wall time) is charged once: the wall time the worker
+    spent reading and parsing the request is part of it, and only the rest is slept."""
+    runtime = EmulatedRuntime(get_profile("llama3.1-8b-l40"), "lru", 1000, time_scale=2.0)
+    assert runtime.profile.request_overhead_ms == 5.0
+    slept: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    asyncio.run(runtime.overhead(spent_s=spent_ms / 1000.0))
+    assert slept == [pytest.approx(slept_ms / 1000.0)]

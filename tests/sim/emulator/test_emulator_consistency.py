@@ -36,7 +36,8 @@ def test_emulated_cluster_agrees_with_the_simulator() -> None:
       counts ``TIME_SCALE`` times in emulated seconds. On a loaded 2-core machine that is
       ~5-10 ms of wall time a request: ~+10% at 2x (and about +25% at 5x, +100% at 10x,
       which is why this test runs at 2x). The simulator has only the profile's modelled
-      5 ms request overhead, which the emulator sleeps too.
+      5 ms request overhead; the emulator charges it too, counting the wall time it spent
+      reading and parsing the request toward it (the rest of the HTTP path stays extra).
     - Scheduling jitter: arrivals leave the client a few ms late or early, so batches form
       slightly differently; with 48 requests the p50 moves by a few percent.
     """
