@@ -87,13 +87,9 @@ class DispatchQueue:
         """One pass: hand free slots to waiting requests."""
         if not len(self.queue):
             return
-        now = self.now_ms()
         router = self.router
         picks = self.queue.assign(
-            self.healthy(),
-            now,
-            router.cached_by_worker,
-            lambda held, worker: router.place(held.request, worker, now),
+            self.healthy(), self.now_ms(), router.cached_by_worker, router.place
         )
         gave_back = False
         for held, worker in picks:

@@ -184,13 +184,7 @@ def simulate(
 
     def pump() -> None:
         assert queue is not None
-        now = env.now_ms
-        picks = queue.assign(
-            urls,
-            now,
-            router.cached_by_worker,
-            lambda held, worker: router.place(held.request, worker, now),
-        )
+        picks = queue.assign(urls, env.now_ms, router.cached_by_worker, router.place)
         for held, worker in picks:
             send(held.ticket, held.request, held.arrived_ms, worker)
 

@@ -115,13 +115,13 @@ class HoldQueue:
         workers: Sequence[str],
         now_ms: float,
         match: Matcher,
-        place: Callable[[Held, str], None] | None = None,
+        place: Callable[[RouteRequest, str, float], None] | None = None,
     ) -> list[tuple[Held, str]]:
         """Give free slots of ``workers`` (the healthy ones, in order) to waiting requests.
 
         Returns (request, worker) in the order they were picked; their slots are taken.
         ``match(request)`` is the router index's cached units per worker; ``place(request,
-        worker)`` is called at each pick, before the next, so that it can record the pick in
+        worker, now_ms)`` is called at each pick, before the next, so that it can record the pick in
         that index (the rest of a new group then binds to the same worker).
         """
         out: list[tuple[Held, str]] = []
@@ -162,7 +162,7 @@ class HoldQueue:
                 self.aged += 1
             out.append((held, worker))
             if place is not None:
-                place(held, worker)
+                place(held.request, worker, now_ms)
         return out
 
     def _bind(self, held: Held, match: Matcher, healthy: frozenset[str]) -> None:

@@ -24,8 +24,8 @@ class Index:
     def match(self, req: RouteRequest) -> Mapping[str, int]:
         return self.index.match(req.key)[1]
 
-    def place(self, held: Held, worker: str) -> None:
-        self.index.insert(held.request.key, worker, 0.0)
+    def place(self, req: RouteRequest, worker: str, now_ms: float) -> None:
+        self.index.insert(req.key, worker, now_ms)
 
 
 def queue(**settings: float) -> HoldQueue:
