@@ -25,26 +25,39 @@ picks are i.i.d. uniform over a fixed set, so they can be drawn at once, a round
 (``draw_leaf_evictions`` explains the two kinds).
 
 Cost: a few vectorised draws plus one step per leaf that empties, against one draw per page
-for the literal loop. ``tests/engine_ext/test_leaf_sampling.py`` checks the distribution
-against the literal loop.
+for the literal loop. The core (``draw_leaf_counts``) works on arrays of leaf sizes and
+returns an array of pages per leaf, so the reference cache applies a batch of trims in one
+vectorised step (``leaf_registry``); ``draw_leaf_evictions`` is the same draw over
+(leaf, pages) pairs (the SGLang plugin's tree). ``tests/engine_ext/test_leaf_sampling.py``
+checks the distribution against the literal loop.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Hashable, Sequence
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
-__all__ = ["draw_leaf_evictions"]
+__all__ = ["draw_leaf_counts", "draw_leaf_evictions"]
 
 N = TypeVar("N", bound=Hashable)
 
+# ``parent_joins(label)``: called when the leaf ``label`` empties; returns the pages of its
+# parent if the parent becomes a candidate then (it gets the next free label), else None.
+ParentJoins = Callable[[int], "int | None"]
 
 # Rounds before the continuous-time draw takes over: a round costs a few vectorised calls and
 # ends at (at most) one emptying, so rounds pay off only while few leaves can empty.
 _MAX_ROUNDS = 8
+# A cut round draws its picks as counts (one multinomial, O(leaves)) instead of one by one
+# (O(picks)) from this many picks per leaf on; the order is drawn only if a leaf empties.
+_MULTINOMIAL_PICKS_PER_LEAF = 8
+# The continuous-time walk stops once the expected rings pass need + SD * sqrt(need) + RINGS.
+_STOP_MARGIN_SD = 4.0
+_STOP_MARGIN_RINGS = 8.0
 METHODS = ("multinomial", "cut", "continuous")
 
 
@@ -62,7 +75,45 @@ def draw_leaf_evictions(
     ``candidates`` are (leaf, pages >= 1) in a deterministic order; ``parent_joins(leaf)`` is
     called when ``leaf`` empties and returns (parent, pages) if the parent becomes a candidate
     then. Returns (leaf, pages) with emptied leaves first, in the order they empty (children
-    before their parents), then the partly trimmed ones.
+    before their parents), then the partly trimmed ones. ``draw_leaf_counts`` is the same draw
+    on arrays.
+    """
+    if need <= 0 or not candidates:
+        return []
+    nodes = [node for node, _ in candidates]
+
+    def joins(label: int) -> int | None:
+        joined = parent_joins(nodes[label])
+        if joined is None or joined[1] <= 0:
+            return None
+        nodes.append(joined[0])
+        return joined[1]
+
+    pages = np.fromiter((p for _, p in candidates), dtype=np.int64, count=len(candidates))
+    counts, emptied = draw_leaf_counts(
+        pages, need, gen, joins, max_rounds=max_rounds, method=method
+    )
+    done = set(emptied)
+    return [(nodes[i], int(counts[i])) for i in emptied] + [
+        (nodes[i], int(counts[i])) for i in np.flatnonzero(counts).tolist() if i not in done
+    ]
+
+
+def draw_leaf_counts(
+    pages: np.ndarray,
+    need: int,
+    gen: np.random.Generator,
+    parent_joins: ParentJoins,
+    *,
+    max_rounds: int = _MAX_ROUNDS,
+    method: str | None = None,
+) -> tuple[np.ndarray, list[int]]:
+    """The draw on arrays: (pages taken per label, labels that emptied, in order).
+
+    Leaf ``i`` of ``pages`` (each >= 1, in a deterministic order) has label ``i``; a parent
+    that joins gets the next label (``len(pages)``, then up), so the returned counts have one
+    entry per candidate and then one per parent that joined. A label in the emptied list lost
+    all its pages; children come before their parents.
 
     Until a leaf empties the candidate set is fixed and the picks are i.i.d. uniform over it.
     Two kinds of round use that, each exact, and the continuous-time draw finishes whatever
@@ -71,62 +122,80 @@ def draw_leaf_evictions(
     - ``multinomial``: ``m`` = the smallest leaf's remaining pages; ``m`` picks are one
       multinomial draw (a leaf that the last pick empties leaves before the next round).
       O(leaves) per round: for a few big leaves;
-    - ``cut``: all remaining picks in one draw (``integers`` + ``bincount``), kept up to the
-      first pick that empties a leaf; the picks after it are discarded and drawn again over
-      the new set (they are independent of the past). O(picks) per round: for many leaves of
-      which few can empty (a scheduler evicting for one request, the common case).
+    - ``cut``: all remaining picks in one draw, kept up to the first pick that empties a
+      leaf; the picks after it are discarded and drawn again over the new set (they are
+      independent of the past). O(picks) per round, or O(leaves) when the picks are drawn as
+      counts (many picks per leaf; their order is drawn only if a leaf empties): for many
+      leaves of which few can empty (a scheduler evicting for one request, the common case).
 
-    ``method`` forces one (tests); by default it is chosen from the sizes, which is exact
-    because the choice depends on no random draw.
+    Unless ``method`` forces one (tests), the draw starts with a cut round, which in the
+    common case (no leaf empties) is the whole draw; the method for the rest is chosen from
+    the sizes before any draw, which keeps it exact.
     """
-    if need <= 0 or not candidates:
-        return []
-    state = _Rounds(candidates, need, gen, parent_joins)
-    chosen = method or _choose(state.remaining, need, max_rounds)
+    pages = np.asarray(pages, dtype=np.int64)
+    if need <= 0 or len(pages) == 0:
+        return np.zeros(len(pages), dtype=np.int64), []
+    chosen = method or _choose(pages, need, max_rounds)
     if chosen not in METHODS:
         raise ValueError(f"unknown method {chosen!r}; known: {', '.join(METHODS)}")
+    first: tuple[np.ndarray, np.ndarray | None] | None = None
+    if method is None and chosen != "continuous":
+        first = _draw_picks(gen, len(pages), need)
+        if (first[0] < pages).all():  # nobody empties: these picks are the whole draw
+            return first[0], []
+    state = _Rounds(pages, need, gen, parent_joins)
+    if first is not None:
+        state.cut_round(first)
     if chosen == "multinomial":
-        while state.need > 0 and state.active:
+        while state.need > 0 and len(state.active):
             m = min(state.need, int(state.remaining.min()))
             if state.need > m * max_rounds:
                 break
             state.multinomial_round(m)
     elif chosen == "cut":
         for _ in range(max_rounds):
-            if state.need <= 0 or not state.active:
+            if state.need <= 0 or not len(state.active):
                 break
             state.cut_round()
     return state.finish()
 
 
 def _choose(remaining: np.ndarray, need: int, max_rounds: int) -> str:
-    """The cheapest exact path: a multinomial round costs ~O(leaves), a cut round O(need)."""
-    leaves = len(remaining)
-    if need <= int(remaining.min()) * max_rounds and leaves * 8 <= need:
+    """The cheapest exact path: rounds while few leaves can empty, else continuous time."""
+    leaves, smallest = len(remaining), int(remaining.min())
+    if need <= smallest:
+        return "cut"  # no leaf can empty: one round is the whole draw
+    if need <= smallest * max_rounds and leaves * 8 <= need:
         return "multinomial"
     if _likely_emptyings(remaining, need) <= max_rounds:
         return "cut"
     return "continuous"
 
 
-class _Rounds(Generic[N]):
-    """The state of one draw: active leaves, their remaining and taken pages."""
+class _Rounds:
+    """The state of one draw: active labels, their remaining and taken pages."""
 
     def __init__(
-        self,
-        candidates: Sequence[tuple[N, int]],
-        need: int,
-        gen: np.random.Generator,
-        parent_joins: Callable[[N], tuple[N, int] | None],
+        self, pages: np.ndarray, need: int, gen: np.random.Generator, parent_joins: ParentJoins
     ) -> None:
         self.need = need
         self.gen = gen
         self.parent_joins = parent_joins
-        self.taken: dict[N, int] = {}
-        self.emptied: list[N] = []
-        self.active = [node for node, _ in candidates]
-        self.remaining = np.asarray([pages for _, pages in candidates], dtype=np.int64)
+        self.sizes: list[int] = []  # pages of the parents that joined, label len(pages) + i
+        self.first_join = len(pages)
+        self.emptied: list[int] = []
+        self.emptied_taken: list[int] = []
+        self.active = np.arange(len(pages), dtype=np.int64)
+        self.remaining = pages.copy()
         self.picked = np.zeros_like(self.remaining)  # pages taken so far per active leaf
+
+    def join(self, label: int) -> tuple[int, int] | None:
+        """``label`` emptied: (the parent's label, its pages) if it joins."""
+        pages = self.parent_joins(label)
+        if pages is None or pages <= 0:
+            return None
+        self.sizes.append(pages)
+        return self.first_join + len(self.sizes) - 1, pages
 
     def _take(self, counts: np.ndarray, picks: int) -> None:
         self.picked += counts
@@ -135,14 +204,15 @@ class _Rounds(Generic[N]):
 
     def _empty(self, i: int) -> None:
         """Active leaf ``i`` has no page left: it leaves, and its parent may join."""
-        leaf = self.active.pop(i)
-        self.taken[leaf] = int(self.picked[i])
+        label = int(self.active[i])
+        self.emptied.append(label)
+        self.emptied_taken.append(int(self.picked[i]))
+        self.active = np.delete(self.active, i)
         self.remaining = np.delete(self.remaining, i)
         self.picked = np.delete(self.picked, i)
-        self.emptied.append(leaf)
-        joined = self.parent_joins(leaf)
-        if joined is not None and joined[1] > 0:
-            self.active.append(joined[0])
+        joined = self.join(label)
+        if joined is not None:
+            self.active = np.append(self.active, joined[0])
             self.remaining = np.append(self.remaining, joined[1])
             self.picked = np.append(self.picked, 0)
 
@@ -152,36 +222,50 @@ class _Rounds(Generic[N]):
         if self.remaining.min() == 0:  # at most one leaf: it took all m picks of this round
             self._empty(int(np.argmin(self.remaining)))
 
-    def cut_round(self) -> None:
-        k, remaining = len(self.active), self.remaining
-        picks = self.gen.integers(0, k, size=self.need)
-        counts = np.bincount(picks, minlength=k)
+    def cut_round(self, drawn: tuple[np.ndarray, np.ndarray | None] | None = None) -> None:
+        """One cut round, on ``drawn`` (``_draw_picks`` for the current state) if given."""
+        k, remaining, need = len(self.active), self.remaining, self.need
+        counts, picks = drawn if drawn is not None else _draw_picks(self.gen, k, need)
         full = np.flatnonzero(counts >= remaining)
         if full.size == 0:  # nobody empties: every pick stands
-            self._take(counts, self.need)
+            self._take(counts, need)
             return
+        if picks is None:  # drawn as counts: given them, the picks' order is uniform
+            picks = self.gen.permutation(np.repeat(np.arange(k), counts))
         # The pick that empties a leaf first: for each leaf that would, the position of its
         # remaining-th pick; the earliest of those ends the round.
         cut = min(int(np.flatnonzero(picks == i)[remaining[i] - 1]) for i in full.tolist())
         self._take(np.bincount(picks[: cut + 1], minlength=k), cut + 1)
         self._empty(int(picks[cut]))
 
-    def finish(self) -> list[tuple[N, int]]:
-        """The continuous-time draw for what is left, then the plan."""
-        taken, emptied = self.taken, self.emptied
-        for node, count in zip(self.active, self.picked.tolist(), strict=True):
-            if count:
-                taken[node] = count
-        if self.need > 0 and self.active:
-            rest = list(zip(self.active, self.remaining.tolist(), strict=True))
-            gone_later, partial = _continuous_draw(rest, self.need, self.gen, self.parent_joins)
-            for node, count in gone_later + partial:
-                taken[node] = taken.get(node, 0) + count
-            emptied.extend(node for node, _ in gone_later)
-        done = set(emptied)
-        return [(node, taken[node]) for node in emptied] + [
-            (node, count) for node, count in taken.items() if node not in done
-        ]
+    def finish(self) -> tuple[np.ndarray, list[int]]:
+        """The continuous-time draw for what is left, then the counts per label."""
+        emptied, emptied_taken = self.emptied, self.emptied_taken
+        active, picked = self.active, self.picked
+        late: tuple[list[int], np.ndarray] | None = None
+        if self.need > 0 and len(active):
+            labels, counts, gone = _continuous_draw(
+                active.tolist(), self.remaining.tolist(), self.need, self.gen, self.join
+            )
+            emptied = emptied + gone
+            late = (labels, counts)
+        out = np.zeros(self.first_join + len(self.sizes), dtype=np.int64)
+        out[np.asarray(self.emptied, dtype=np.int64)] = emptied_taken
+        out[active] += picked
+        if late is not None:
+            out[np.asarray(late[0], dtype=np.int64)] += late[1]
+        return out, emptied
+
+
+def _draw_picks(
+    gen: np.random.Generator, leaves: int, need: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``need`` picks uniform over ``leaves``: (counts per leaf, the picks in order, or None
+    when many picks per leaf make one multinomial draw of the counts cheaper)."""
+    if need >= _MULTINOMIAL_PICKS_PER_LEAF * leaves:
+        return gen.multinomial(need, np.full(leaves, 1.0 / leaves)), None
+    picks = gen.integers(0, leaves, size=need)
+    return np.bincount(picks, minlength=leaves), picks
 
 
 def _likely_emptyings(remaining: np.ndarray, need: int) -> int:
@@ -192,60 +276,100 @@ def _likely_emptyings(remaining: np.ndarray, need: int) -> int:
 
 
 def _continuous_draw(
-    candidates: Sequence[tuple[N, int]],
+    labels: list[int],
+    size_list: list[int],
     need: int,
     gen: np.random.Generator,
-    parent_joins: Callable[[N], tuple[N, int] | None],
-) -> tuple[list[tuple[N, int]], list[tuple[N, int]]]:
-    """Steps 1-3 of the module docstring: (emptied leaves in order, partly trimmed leaves)."""
-    nodes = [node for node, _ in candidates]
-    size_list = [pages for _, pages in candidates]
-    k = len(nodes)
+    join: Callable[[int], tuple[int, int] | None],
+) -> tuple[list[int], np.ndarray, list[int]]:
+    """Steps 1-3 of the module docstring over the leaves ``labels`` (``size_list`` pages
+    left each): (every label involved, pages taken per label, labels emptied in order).
+
+    The walk over the emptyings stops early: rings arrive at rate (active leaves), so once
+    the time integral of the active count passes ``need`` by a margin, the target ring very
+    likely lies before that moment; the ring counts sampled there (one bridge) confirm it and
+    bound the bisection, so the walk visits only the emptyings before the target (not all
+    those before the emptied pages alone reach ``need``). If the sample falls short (rare),
+    the walk goes on from there with that sample as the lower bound.
+    """
+    k = len(labels)
     end_initial = gen.standard_gamma(np.asarray(size_list, dtype=np.float64))
     order = np.argsort(end_initial, kind="stable").tolist()
     end_list = end_initial.tolist()
     start_list = [0.0] * k
     joined: list[tuple[float, int]] = []  # heap of parents that joined later
 
+    stop_area = need + _STOP_MARGIN_SD * math.sqrt(need) + _STOP_MARGIN_RINGS
+    area, t_prev, active = 0.0, 0.0, k
+    checking = True
+    t_lo, lo_counts, first_after_lo = 0.0, None, 0  # lower bracket: time, counts, event index
     emptied_pages, pos = 0, 0
     events: list[int] = []  # leaf index of each emptying, in time order
     while emptied_pages < need:
-        if joined and (pos >= k or joined[0][0] < end_list[order[pos]]):
-            idx = heapq.heappop(joined)[1]
-        elif pos < k:
-            idx = order[pos]
-            pos += 1
-        else:
+        from_heap = bool(joined) and (pos >= k or joined[0][0] < end_list[order[pos]])
+        if not from_heap and pos >= k:
             break
+        t_next = joined[0][0] if from_heap else end_list[order[pos]]
+        if checking:
+            grown = area + active * (t_next - t_prev)
+            if grown >= stop_area:
+                t_stop = t_prev + (stop_area - area) / active
+                arrays = _arrays(start_list, end_list, size_list)
+                zeros = np.zeros(len(size_list), dtype=np.int64)
+                at_stop = _bridge(*arrays, 0.0, np.inf, zeros, None, t_stop, gen)
+                if int(at_stop.sum()) >= need:  # the target lies before t_stop
+                    times = [end_list[i] for i in events]
+                    counts = _counts_at_target(
+                        *arrays, times, events, need, gen, 0.0, zeros, t_stop, at_stop, None
+                    )
+                    return labels, counts, [labels[i] for i in events if counts[i] == size_list[i]]
+                checking = False  # rare: walk on, from this sample
+                t_lo, lo_counts, first_after_lo = t_stop, at_stop, len(events)
+            else:
+                area, t_prev = grown, t_next
+        idx = heapq.heappop(joined)[1] if from_heap else order[pos]
+        pos += not from_heap
         emptied_pages += size_list[idx]
         events.append(idx)
-        parent = parent_joins(nodes[idx])
-        if parent is not None and parent[1] > 0:
+        active -= 1
+        parent = join(labels[idx])
+        if parent is not None:
             at = end_list[idx]
-            nodes.append(parent[0])
+            labels.append(parent[0])
             size_list.append(parent[1])
             start_list.append(at)
             end_list.append(at + float(gen.standard_gamma(parent[1])))
-            heapq.heappush(joined, (end_list[-1], len(nodes) - 1))
+            heapq.heappush(joined, (end_list[-1], len(labels) - 1))
+            active += 1
     still_active = pos < k or bool(joined)
+    size = np.asarray(size_list, dtype=np.int64)
     if emptied_pages < need or (emptied_pages == need and not still_active):
-        return [(nodes[i], size_list[i]) for i in events], []  # fewer pages than asked: all go
+        counts = np.zeros_like(size)  # fewer pages than asked: all of the emptied go
+        counts[events] = size[events]
+        return labels, counts, [labels[i] for i in events]
 
+    arrays = _arrays(start_list, end_list, size_list)
+    lo = np.zeros_like(size)
+    if lo_counts is not None:
+        lo[: len(lo_counts)] = lo_counts  # parents that joined later had no ring before
+    t_hi = end_list[events[-1]]
+    hi = _bridge(*arrays, t_lo, np.inf, lo, None, t_hi, gen)
+    inner = events[first_after_lo:-1]
     counts = _counts_at_target(
+        *arrays, [end_list[i] for i in inner], inner, need, gen, t_lo, lo, t_hi, hi, events[-1]
+    )
+    gone = [labels[i] for i in events if counts[i] == size_list[i]]
+    return labels, counts, gone
+
+
+def _arrays(
+    start_list: list[float], end_list: list[float], size_list: list[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (
         np.asarray(start_list),
         np.asarray(end_list),
         np.asarray(size_list, dtype=np.int64),
-        [end_list[i] for i in events],
-        events,
-        need,
-        gen,
     )
-    gone = [(nodes[i], size_list[i]) for i in events if counts[i] == size_list[i]]
-    partial = [
-        (nodes[i], int(counts[i]))
-        for i in np.flatnonzero((counts > 0) & (counts < size_list)).tolist()
-    ]
-    return gone, partial
 
 
 def _counts_at_target(
@@ -256,19 +380,26 @@ def _counts_at_target(
     event_leaf: list[int],
     need: int,
     gen: np.random.Generator,
+    t_lo: float,
+    lo_counts: np.ndarray,
+    t_hi: float,
+    hi_counts: np.ndarray,
+    hi_ring: int | None,
 ) -> np.ndarray:
-    """Ring counts per leaf just after the ``need``-th ring overall (steps 2 and 3)."""
-    t_lo, t_hi = 0.0, event_times[-1]
-    lo_counts = np.zeros_like(size)
-    hi_counts = _bridge(start, end, size, 0.0, np.inf, lo_counts, None, t_hi, gen)
+    """Ring counts per leaf just after the ``need``-th ring overall (steps 2 and 3).
 
-    lo_i, hi_i = -1, len(event_times) - 1
+    The counts at ``t_lo`` (fewer than ``need`` rings) and ``t_hi`` (at least ``need``)
+    bracket the target; ``event_times`` are the emptyings strictly between them (leaf
+    ``event_leaf[i]`` rings last at ``event_times[i]``); ``hi_ring`` is the leaf whose last
+    ring falls exactly at ``t_hi``, or None when ``t_hi`` is not an emptying.
+    """
+    lo_i, hi_i = -1, len(event_times)
     while hi_i - lo_i > 1:
         mid = (lo_i + hi_i) // 2
         t = event_times[mid]
         mid_counts = _bridge(start, end, size, t_lo, t_hi, lo_counts, hi_counts, t, gen)
         if int(mid_counts.sum()) >= need:
-            hi_i, t_hi, hi_counts = mid, t, mid_counts
+            hi_i, t_hi, hi_counts, hi_ring = mid, t, mid_counts, event_leaf[mid]
         else:
             lo_i, t_lo, lo_counts = mid, t, mid_counts
 
@@ -276,9 +407,11 @@ def _counts_at_target(
     in_gap = hi_counts - lo_counts
     if wanted == int(in_gap.sum()):
         return hi_counts
-    # The ring at t_hi (the emptying of event_leaf[hi_i]) is the gap's last; the first
-    # `wanted` of the other, uniformly ordered, rings are a hypergeometric sample.
-    in_gap[event_leaf[hi_i]] -= 1
+    # No leaf empties inside the gap, so its rings are uniformly ordered, except a ring at
+    # t_hi itself (an emptying), which is the gap's last: the first `wanted` of the others
+    # are a hypergeometric sample.
+    if hi_ring is not None:
+        in_gap[hi_ring] -= 1
     return lo_counts + gen.multivariate_hypergeometric(in_gap, wanted)
 
 

@@ -14,10 +14,21 @@ class RadixNode:
     the first page of each child's key. ``lock_ref`` counts running requests that use the
     node (a locked node is never evicted). ``last_access`` (a logical tick, for LRU) and
     ``mark_phase`` (the RLT phase in which the node was last marked) are policy state kept on
-    the node, as SGLang keeps ``last_access_time`` on its ``TreeNode``.
+    the node, as SGLang keeps ``last_access_time`` on its ``TreeNode``. ``slot`` is the
+    node's place in the cache's leaf registry (-1: not a leaf); a leaf's ``key`` may still
+    hold tokens that an eviction cut (``RadixCache.settle`` applies the cut).
     """
 
-    __slots__ = ("children", "key", "last_access", "lock_ref", "mark_phase", "node_id", "parent")
+    __slots__ = (
+        "children",
+        "key",
+        "last_access",
+        "lock_ref",
+        "mark_phase",
+        "node_id",
+        "parent",
+        "slot",
+    )
 
     def __init__(self, key: Any, parent: RadixNode | None, node_id: int) -> None:
         self.key = key
@@ -27,6 +38,8 @@ class RadixNode:
         self.last_access = 0
         self.mark_phase = -1
         self.node_id = node_id
+        self.slot = -1
+        self.slot = -1
 
     def __len__(self) -> int:
         return len(self.key)

@@ -25,8 +25,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from engine_ext.cache.eviction import EvictionPolicy, make_eviction_policy
 from engine_ext.cache.keys import common_prefix_length
+from engine_ext.cache.leaf_registry import LOCKED, LeafRegistry
 from engine_ext.cache.node import RadixNode
 
 __all__ = ["CacheStats", "CapacityError", "InsertResult", "MatchResult", "RadixCache"]
@@ -97,6 +100,7 @@ class RadixCache:
         self.page_size = page_size
         self.rng = rng if rng is not None else random.Random(0)
         self.stats = CacheStats()
+        self.leaves = LeafRegistry()  # in the order nodes became leaves: deterministic
         self.policy: EvictionPolicy = make_eviction_policy(eviction, self, self.rng)
         self.reset()
 
@@ -106,7 +110,7 @@ class RadixCache:
         self._next_id = 0
         self.root = self._new_node((), None)
         self.root.lock_ref = 1  # the root is never evicted
-        self._leaves: dict[RadixNode, None] = {}  # insertion-ordered set: deterministic
+        self.leaves.clear()
         self._tick = 0
         self.total_tokens = 0
         self.protected_tokens = 0
@@ -148,10 +152,13 @@ class RadixCache:
         """Follow ``key`` down the tree; return matched length, last node and the path."""
         node, pos, path = self.root, 0, []
         page, n = self.page_size, len(key)
+        sizes = self.leaves.size
         while pos < n:
             child = node.children.get(self._child_key(key, pos))
             if child is None:
                 break
+            if child.slot >= 0 and sizes[child.slot] != len(child.key):
+                self.settle(child)
             child_len = len(child.key)
             common = common_prefix_length(child.key, key[pos : pos + child_len])
             if page > 1:
@@ -191,8 +198,9 @@ class RadixCache:
         if prefix < len(key):
             leaf = self._new_node(key[prefix:], node)
             node.children[self._child_key(key, prefix)] = leaf
-            self._leaves.pop(node, None)
-            self._leaves[leaf] = None
+            if node.slot >= 0:  # settled by the walk
+                self.leaves.remove(node)
+            self.leaves.add(leaf)
             self.total_tokens += len(leaf.key)
             path.append(leaf)
             node = leaf
@@ -212,11 +220,16 @@ class RadixCache:
         child.key = child.key[at:]
         child.parent = upper
         upper.children[self._child_key(child.key, 0)] = child
+        if child.slot >= 0:  # a leaf (settled by the walk) keeps its slot, not its size
+            self.leaves.size[child.slot] = len(child.key)
         return upper
 
     # -- locking -------------------------------------------------------------------------
     def lock(self, node: RadixNode) -> None:
         """Protect ``node`` and its ancestors from eviction (a running request uses them)."""
+        if node.slot >= 0:  # only the first node can be a leaf
+            self.settle(node)
+            self.leaves.mark[node.slot] = LOCKED
         while node is not self.root:
             if node.lock_ref == 0:
                 self.protected_tokens += len(node.key)
@@ -224,6 +237,9 @@ class RadixCache:
             node = node.parent  # type: ignore[assignment]
 
     def unlock(self, node: RadixNode) -> None:
+        first = node
+        if first.slot >= 0:
+            self.settle(first)
         while node is not self.root:
             if node.lock_ref <= 0:
                 raise RuntimeError(f"unlock of an unlocked node: {node!r}")
@@ -231,6 +247,8 @@ class RadixCache:
             if node.lock_ref == 0:
                 self.protected_tokens -= len(node.key)
             node = node.parent  # type: ignore[assignment]
+        if first.slot >= 0 and first.lock_ref == 0:
+            self.leaves.mark[first.slot] = first.mark_phase
 
     # -- KV-pool arithmetic --------------------------------------------------------------
     def ensure_free(self, num_tokens: int) -> bool:
@@ -267,59 +285,89 @@ class RadixCache:
 
     def evictable_leaves(self) -> Iterator[RadixNode]:
         """Unlocked leaves, in a deterministic order (the order they became leaves)."""
-        return (leaf for leaf in self._leaves if leaf.lock_ref == 0)
+        return (leaf for leaf in self.leaves if leaf.lock_ref == 0)
 
     def evictable_leaf_sizes(self) -> list[tuple[RadixNode, int]]:
-        """``evictable_leaves`` with each leaf's size in tokens (RLT's candidate pass)."""
-        return [(leaf, len(leaf.key)) for leaf in self._leaves if leaf.lock_ref == 0]
+        """``evictable_leaves`` with each leaf's size in tokens."""
+        leaves = self.leaves
+        slots = leaves.unlocked_slots()
+        nodes = leaves.nodes
+        return [
+            (nodes[slot], size)
+            for slot, size in zip(slots.tolist(), leaves.size[slots].tolist(), strict=True)
+        ]
 
     def is_leaf(self, node: RadixNode) -> bool:
-        return node in self._leaves
+        return node.slot >= 0
 
-    def delete_leaf(self, node: RadixNode) -> None:
-        """Remove an unlocked leaf; its parent becomes a leaf if it has no other child."""
-        if node.lock_ref > 0 or node.children or node is self.root:
+    def leaf_size(self, node: RadixNode) -> int:
+        """Tokens of a leaf, cuts included (its ``key`` may not be settled yet)."""
+        return int(self.leaves.size[node.slot])
+
+    def settle(self, node: RadixNode) -> None:
+        """Apply a leaf's deferred trims to its ``key`` (see ``leaf_registry``)."""
+        if node.slot >= 0:
+            size = int(self.leaves.size[node.slot])
+            if size != len(node.key):
+                node.key = node.key[:size]
+
+    def delete_leaf(self, node: RadixNode) -> int:
+        """Remove an unlocked leaf and return its tokens; its parent becomes a leaf if it has
+        no other child."""
+        if node.lock_ref > 0 or node.children or node is self.root or node.slot < 0:
             raise RuntimeError(f"only unlocked leaves can be deleted: {node!r}")
         parent = node.parent
         assert parent is not None
-        del parent.children[self._child_key(node.key, 0)]
-        del self._leaves[node]
-        self.total_tokens -= len(node.key)
+        del parent.children[self._child_key(node.key, 0)]  # a cut never reaches the first page
+        tokens = int(self.leaves.size[node.slot])
+        self.leaves.remove(node)
+        self.total_tokens -= tokens
         if not parent.children and parent is not self.root:
-            self._leaves[parent] = None
+            self.leaves.add(parent)
+        return tokens
 
     def trim_leaf(self, node: RadixNode, num_tokens: int) -> None:
         """Drop ``num_tokens`` (whole pages) from the tail of an unlocked leaf."""
-        if num_tokens >= len(node.key):
-            self.delete_leaf(node)
-            return
-        if node.lock_ref > 0 or node.children or num_tokens % self.page_size:
+        if node.slot < 0 or node.lock_ref > 0 or num_tokens % self.page_size:
             raise RuntimeError(f"cannot trim {num_tokens} tokens from {node!r}")
-        node.key = node.key[: len(node.key) - num_tokens]
-        self.total_tokens -= num_tokens
+        if num_tokens >= self.leaf_size(node):
+            self.delete_leaf(node)
+        elif num_tokens > 0:
+            self.leaves.size[node.slot] -= num_tokens
+            self.total_tokens -= num_tokens
+
+    def cut_tails(self, slots: np.ndarray, tokens: np.ndarray) -> int:
+        """Cut ``tokens[i]`` (whole pages, fewer than the leaf holds; 0 is allowed) off the
+        tail of the unlocked leaf in ``slots[i]``, deferred: one vectorised step for the
+        whole batch. Returns the tokens cut."""
+        self.leaves.size[slots] -= tokens
+        cut = int(tokens.sum())
+        self.total_tokens -= cut
+        return cut
 
     def drop_tails(self, plan: Iterable[tuple[RadixNode, int]]) -> int:
-        """Apply many ``trim_leaf`` calls at once (RLT's batch); returns tokens dropped.
+        """Apply many ``trim_leaf`` calls at once; returns tokens dropped.
 
         The plan's leaves are unlocked and trimmed by whole pages; a leaf dropped whole comes
         before its parent.
         """
         deleted = trimmed = 0
+        size = self.leaves.size
         for node, tokens in plan:
-            key = node.key
-            if tokens >= len(key):
-                deleted += len(key)
-                self.delete_leaf(node)
+            if tokens >= size[node.slot]:
+                deleted += self.delete_leaf(node)
             else:
-                node.key = key[: len(key) - tokens]
+                self.trim_leaf(node, tokens)
                 trimmed += tokens
-        self.total_tokens -= trimmed
         return deleted + trimmed
 
     def _iter_nodes(self) -> Iterator[RadixNode]:
+        """Every node, root first; leaves are settled on the way."""
         stack = [self.root]
         while stack:
             node = stack.pop()
+            if node.slot >= 0:
+                self.settle(node)
             yield node
             stack.extend(node.children.values())
 
@@ -345,5 +393,18 @@ class RadixCache:
                 f"sizes drifted: total {total} vs {self.total_tokens}, "
                 f"protected {protected} vs {self.protected_tokens}"
             )
-        if leaves != set(self._leaves):
+        registry = self.leaves
+        if leaves != set(registry) or len(registry) != len(leaves):
             raise AssertionError("leaf index drifted from the tree")
+        for slot, held in enumerate(registry.nodes):
+            if held is None:
+                if registry.mark[slot] != LOCKED:
+                    raise AssertionError(f"empty leaf slot {slot} is a candidate")
+                continue
+            if held.slot != slot or int(registry.size[slot]) != len(held.key):
+                raise AssertionError(
+                    f"leaf slot {slot} drifted: size {int(registry.size[slot])} for {held!r}"
+                )
+            expected = LOCKED if held.lock_ref else held.mark_phase
+            if int(registry.mark[slot]) != expected:
+                raise AssertionError(f"leaf slot {slot}: lock or mark drifted for {held!r}")

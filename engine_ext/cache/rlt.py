@@ -10,6 +10,11 @@ unlocked leaf. The page-at-a-time loop is drawn in one batch with the same distr
 (``leaf_sampling``). Clearing all marks is O(1): a node is marked when its ``mark_phase``
 equals the current phase number.
 
+On the reference cache the candidates, the draw and the trims are vectorised over the
+cache's leaf registry (``leaf_registry``): an eviction costs a few numpy calls plus one
+Python step per leaf that empties. The SGLang plugin's tree has no registry; there the same
+policy gathers (leaf, pages) pairs and hands the plan to the tree (``draw_leaf_evictions``).
+
 Reference: Wu, Silwal, Zhang, ICLR 2026 (arXiv 2601.18999); the paper's code
 ``radix_cache_lrt.py`` / ``cy_evict.pyx`` (github.com/fzwark/KVRouting).
 """
@@ -22,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine_ext.cache.leaf_sampling import draw_leaf_evictions
+from engine_ext.cache.leaf_sampling import draw_leaf_counts, draw_leaf_evictions
 
 if TYPE_CHECKING:
     from engine_ext.cache.node import RadixNode
@@ -43,6 +48,8 @@ class RLTEviction:
         self.phase = 0
         self.marked_tokens = 0
         self.phases_started = 0
+        # The reference cache's leaf registry (None on trees without one: SGLang's).
+        self.registry = getattr(cache, "leaves", None)
 
     def reset(self) -> None:
         self.phase += 1
@@ -59,10 +66,13 @@ class RLTEviction:
 
     def _mark(self, path: list[RadixNode]) -> None:
         phase = self.phase
+        registry = self.registry
         for node in path:
             if node.mark_phase != phase:
                 node.mark_phase = phase
-                self.marked_tokens += len(node.key)
+                self.marked_tokens += len(node.key)  # the walk settled the path's leaf
+                if registry is not None and node.slot >= 0 and not node.lock_ref:
+                    registry.mark[node.slot] = phase
 
     def new_phase(self) -> None:
         """Unmark every node at once by moving to the next phase number."""
@@ -80,6 +90,8 @@ class RLTEviction:
         ]
 
     def evict(self, num_tokens: int) -> int:
+        if self.registry is not None:
+            return self._evict_registry(num_tokens)
         cache = self.cache
         page = cache.page_size
         need = -(-num_tokens // page)
@@ -97,6 +109,74 @@ class RLTEviction:
             cands = self.candidates()
         plan = draw_leaf_evictions(cands, need, self.gen, self._parent_joins_tracker())
         return cache.drop_tails((node, pages * page) for node, pages in plan)
+
+    def _start_phase_if_due(self, need_tokens: int) -> bool:
+        """DESIGN 3.3's first rule; True if gathering now would come up short anyway (the
+        candidates hold at most the unmarked tokens), so the caller starts a phase at once."""
+        cache = self.cache
+        if need_tokens + self.marked_tokens >= cache.capacity_tokens:
+            self.new_phase()
+            return False
+        return cache.total_tokens - self.marked_tokens < need_tokens
+
+    def _candidate_slots(self) -> tuple[np.ndarray, np.ndarray]:
+        """Registry slots of the unmarked, unlocked leaves and their sizes in pages."""
+        registry = self.registry
+        assert registry is not None
+        slots = registry.unmarked_slots(self.phase)
+        pages = registry.size[slots]
+        page = self.cache.page_size
+        return slots, (pages // page if page > 1 else pages)
+
+    def _evict_registry(self, num_tokens: int) -> int:
+        """``evict`` on the reference cache: candidates, draw and trims on the registry."""
+        cache, registry = self.cache, self.registry
+        assert registry is not None
+        page = cache.page_size
+        need = -(-num_tokens // page)
+        short = self._start_phase_if_due(need * page)
+        slots, pages = (np.empty(0, np.int64),) * 2 if short else self._candidate_slots()
+        if not len(slots) or int(pages.sum()) < need:
+            self.new_phase()
+            slots, pages = self._candidate_slots()
+        if not len(slots):
+            return 0
+        nodes = registry.nodes
+        joined: list[RadixNode] = []
+        joined_pages: list[int] = []
+        tracker = self._parent_joins_tracker()
+
+        def parent_joins(label: int) -> int | None:
+            leaf = nodes[slots[label]] if label < len(slots) else joined[label - len(slots)]
+            got = tracker(leaf)
+            if got is None or got[1] <= 0:
+                return None
+            joined.append(got[0])
+            joined_pages.append(got[1])
+            return got[1]
+
+        counts, emptied = draw_leaf_counts(pages, need, self.gen, parent_joins)
+        if not emptied:  # the common case: every candidate loses a few pages, none empties
+            return cache.cut_tails(slots, counts * page if page > 1 else counts)
+        # Partial trims of the first candidates first, in one step (deleting leaves may
+        # renumber the slots); then the emptied leaves, children before parents; then the
+        # few parents that joined and lost only part of their pages.
+        first = counts[: len(slots)]
+        partial = (first > 0) & (first < pages)
+        freed = cache.cut_tails(slots[partial], first[partial] * page) if partial.any() else 0
+        emptied_nodes = [
+            nodes[slots[label]] if label < len(slots) else joined[label - len(slots)]
+            for label in emptied
+        ]
+        for node in emptied_nodes:
+            freed += cache.delete_leaf(node)
+        for node, taken, size in zip(
+            joined, counts[len(slots) :].tolist(), joined_pages, strict=True
+        ):
+            if 0 < taken < size:
+                freed += taken * page
+                cache.trim_leaf(node, taken * page)
+        return freed
 
     def _parent_joins_tracker(self) -> Callable[[RadixNode], tuple[RadixNode, int] | None]:
         """When a leaf empties, does its parent become an unmarked, unlocked leaf?"""

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
 
+from engine_ext.cache import leaf_sampling
 from engine_ext.cache.leaf_sampling import _choose, draw_leaf_evictions
 
 
@@ -155,12 +156,43 @@ REACHABLE_PAGES = 2 + 1 + 2 + 4 + 1 + 3 + 1 + 2  # leaves plus A, B1, B (E is ma
 def test_batched_sampler_matches_the_per_page_definition(
     sizes: dict[str, int], need: int, method: str | None, max_rounds: int | None
 ) -> None:
-    leaves, everything = small_tree(sizes)
-    rng = random.Random(1234 + need)
-    gen = np.random.default_rng(4321 + need)
     extra: dict[str, Any] = {"method": method}
     if max_rounds is not None:
         extra["max_rounds"] = max_rounds
+    check_against_definition(sizes, need, extra)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "need", "method", "patch"),
+    [
+        # The walk stops when the expected rings reach `need` exactly: the sample there
+        # falls short about half the time, so both the early stop and the walk on from it run.
+        (SMALL, 9, "continuous", {"_STOP_MARGIN_SD": 0.0, "_STOP_MARGIN_RINGS": 0.0}),
+        (BIG, 18, "continuous", {"_STOP_MARGIN_SD": 0.0, "_STOP_MARGIN_RINGS": 0.0}),
+        (BIG, 14, "continuous", {"_STOP_MARGIN_SD": 1.0, "_STOP_MARGIN_RINGS": 0.0}),
+        # Cut rounds that draw their picks as counts, and their order only if a leaf empties.
+        (SMALL, 5, "cut", {"_MULTINOMIAL_PICKS_PER_LEAF": 0}),
+        (BIG, 12, None, {"_MULTINOMIAL_PICKS_PER_LEAF": 0}),
+    ],
+    ids=["small-9-stop", "big-18-stop", "big-14-stop", "small-5-counts", "big-12-counts"],
+)
+def test_shortcuts_match_the_per_page_definition(
+    sizes: dict[str, int],
+    need: int,
+    method: str | None,
+    patch: dict[str, float],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in patch.items():
+        assert hasattr(leaf_sampling, name)
+        monkeypatch.setattr(leaf_sampling, name, value)
+    check_against_definition(sizes, need, {"method": method})
+
+
+def check_against_definition(sizes: dict[str, int], need: int, extra: dict[str, Any]) -> None:
+    leaves, everything = small_tree(sizes)
+    rng = random.Random(1234 + need)
+    gen = np.random.default_rng(4321 + need)
     literal_draws = [
         outcome(literal_evictions(leaves, need, rng), everything) for _ in range(SAMPLES)
     ]
