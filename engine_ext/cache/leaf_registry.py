@@ -106,7 +106,3 @@ class LeafRegistry:
     def unlocked_slots(self) -> np.ndarray:
         """Slots of the unlocked leaves, in order."""
         return np.flatnonzero(self.mark[: len(self.nodes)] != LOCKED)
-
-    def unmarked_slots(self, phase: int) -> np.ndarray:
-        """Slots of the unlocked leaves not marked in ``phase`` (RLT's candidates), in order."""
-        return np.flatnonzero(self.mark[: len(self.nodes)] < phase)

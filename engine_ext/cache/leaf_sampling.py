@@ -107,6 +107,7 @@ def draw_leaf_counts(
     *,
     max_rounds: int = _MAX_ROUNDS,
     method: str | None = None,
+    first: tuple[np.ndarray, np.ndarray | None] | None = None,
 ) -> tuple[np.ndarray, list[int]]:
     """The draw on arrays: (pages taken per label, labels that emptied, in order).
 
@@ -130,7 +131,8 @@ def draw_leaf_counts(
 
     Unless ``method`` forces one (tests), the draw starts with a cut round, which in the
     common case (no leaf empties) is the whole draw; the method for the rest is chosen from
-    the sizes before any draw, which keeps it exact.
+    the sizes before any draw, which keeps it exact. ``first`` is that round's picks if the
+    caller drew them already (``(counts, None)``: a multinomial draw of ``need`` picks).
     """
     pages = np.asarray(pages, dtype=np.int64)
     if need <= 0 or len(pages) == 0:
@@ -138,8 +140,7 @@ def draw_leaf_counts(
     chosen = method or _choose(pages, need, max_rounds)
     if chosen not in METHODS:
         raise ValueError(f"unknown method {chosen!r}; known: {', '.join(METHODS)}")
-    first: tuple[np.ndarray, np.ndarray | None] | None = None
-    if method is None and chosen != "continuous":
+    if first is None and method is None and chosen != "continuous":
         first = _draw_picks(gen, len(pages), need)
         if (first[0] < pages).all():  # nobody empties: these picks are the whole draw
             return first[0], []
@@ -244,11 +245,18 @@ class _Rounds:
         active, picked = self.active, self.picked
         late: tuple[list[int], np.ndarray] | None = None
         if self.need > 0 and len(active):
+            next_label = self.first_join + len(self.sizes)
             labels, counts, gone = _continuous_draw(
-                active.tolist(), self.remaining.tolist(), self.need, self.gen, self.join
+                active.tolist(),
+                self.remaining.tolist(),
+                self.need,
+                self.gen,
+                self.parent_joins,
+                next_label,
             )
             emptied = emptied + gone
             late = (labels, counts)
+            self.sizes.extend([0] * (len(labels) - len(active)))  # labels of later joins
         out = np.zeros(self.first_join + len(self.sizes), dtype=np.int64)
         out[np.asarray(self.emptied, dtype=np.int64)] = emptied_taken
         out[active] += picked
@@ -272,7 +280,7 @@ def _likely_emptyings(remaining: np.ndarray, need: int) -> int:
     """Leaves whose size is within ~3 standard deviations of their expected share of picks
     (``need / leaves`` each, binomial): a cheap bound on how many rounds would be needed."""
     mean = need / len(remaining)
-    return int(np.count_nonzero(remaining <= mean + 3.0 * np.sqrt(mean) + 1.0))
+    return int(np.count_nonzero(remaining <= mean + 3.0 * math.sqrt(mean) + 1.0))
 
 
 def _continuous_draw(
@@ -280,10 +288,12 @@ def _continuous_draw(
     size_list: list[int],
     need: int,
     gen: np.random.Generator,
-    join: Callable[[int], tuple[int, int] | None],
+    parent_joins: ParentJoins,
+    next_label: int,
 ) -> tuple[list[int], np.ndarray, list[int]]:
     """Steps 1-3 of the module docstring over the leaves ``labels`` (``size_list`` pages
     left each): (every label involved, pages taken per label, labels emptied in order).
+    Parents that join get labels ``next_label`` and up.
 
     The walk over the emptyings stops early: rings arrive at rate (active leaves), so once
     the time integral of the active count passes ``need`` by a margin, the target ring very
@@ -294,7 +304,9 @@ def _continuous_draw(
     """
     k = len(labels)
     end_initial = gen.standard_gamma(np.asarray(size_list, dtype=np.float64))
-    order = np.argsort(end_initial, kind="stable").tolist()
+    order_array = np.argsort(end_initial, kind="stable")
+    order = order_array.tolist()
+    sorted_end = end_initial[order_array].tolist()  # the initial leaves' ends, in order
     end_list = end_initial.tolist()
     start_list = [0.0] * k
     joined: list[tuple[float, int]] = []  # heap of parents that joined later
@@ -305,11 +317,14 @@ def _continuous_draw(
     t_lo, lo_counts, first_after_lo = 0.0, None, 0  # lower bracket: time, counts, event index
     emptied_pages, pos = 0, 0
     events: list[int] = []  # leaf index of each emptying, in time order
+    gamma, heappush, heappop = gen.standard_gamma, heapq.heappush, heapq.heappop
     while emptied_pages < need:
-        from_heap = bool(joined) and (pos >= k or joined[0][0] < end_list[order[pos]])
-        if not from_heap and pos >= k:
+        if joined and (pos >= k or joined[0][0] < sorted_end[pos]):
+            from_heap, t_next = True, joined[0][0]
+        elif pos < k:
+            from_heap, t_next = False, sorted_end[pos]
+        else:
             break
-        t_next = joined[0][0] if from_heap else end_list[order[pos]]
         if checking:
             grown = area + active * (t_next - t_prev)
             if grown >= stop_area:
@@ -327,20 +342,24 @@ def _continuous_draw(
                 t_lo, lo_counts, first_after_lo = t_stop, at_stop, len(events)
             else:
                 area, t_prev = grown, t_next
-        idx = heapq.heappop(joined)[1] if from_heap else order[pos]
-        pos += not from_heap
+        if from_heap:
+            idx = heappop(joined)[1]
+        else:
+            idx = order[pos]
+            pos += 1
         emptied_pages += size_list[idx]
         events.append(idx)
-        active -= 1
-        parent = join(labels[idx])
-        if parent is not None:
-            at = end_list[idx]
-            labels.append(parent[0])
-            size_list.append(parent[1])
-            start_list.append(at)
-            end_list.append(at + float(gen.standard_gamma(parent[1])))
-            heapq.heappush(joined, (end_list[-1], len(labels) - 1))
-            active += 1
+        parent_pages = parent_joins(labels[idx])
+        if parent_pages is None or parent_pages <= 0:
+            active -= 1
+            continue
+        end = t_next + float(gamma(parent_pages))
+        heappush(joined, (end, len(labels)))
+        labels.append(next_label)
+        next_label += 1
+        size_list.append(parent_pages)
+        start_list.append(t_next)
+        end_list.append(end)
     still_active = pos < k or bool(joined)
     size = np.asarray(size_list, dtype=np.int64)
     if emptied_pages < need or (emptied_pages == need and not still_active):

@@ -326,6 +326,30 @@ class RadixCache:
             self.leaves.add(parent)
         return tokens
 
+    def delete_emptied(self, nodes: Sequence[RadixNode]) -> int:
+        """Delete ``nodes``, each unlocked and childless once those before it are gone
+        (children before parents, RLT's emptied leaves); returns the tokens freed.
+
+        Like ``delete_leaf`` in a loop, but a parent that is itself deleted later in
+        ``nodes`` never joins the leaf registry in between.
+        """
+        registry, root, gone = self.leaves, self.root, set(nodes)
+        freed = 0
+        for node in nodes:
+            parent = node.parent
+            if node.lock_ref or node.children or parent is None:
+                raise RuntimeError(f"only unlocked leaves can be deleted: {node!r}")
+            del parent.children[self._child_key(node.key, 0)]
+            if node.slot >= 0:
+                freed += int(registry.size[node.slot])
+                registry.remove(node)
+            else:  # an inner node when the draw began: its key was never trimmed
+                freed += len(node.key)
+            if not parent.children and parent is not root and parent not in gone:
+                registry.add(parent)
+        self.total_tokens -= freed
+        return freed
+
     def trim_leaf(self, node: RadixNode, num_tokens: int) -> None:
         """Drop ``num_tokens`` (whole pages) from the tail of an unlocked leaf."""
         if node.slot < 0 or node.lock_ref > 0 or num_tokens % self.page_size:
@@ -336,12 +360,12 @@ class RadixCache:
             self.leaves.size[node.slot] -= num_tokens
             self.total_tokens -= num_tokens
 
-    def cut_tails(self, slots: np.ndarray, tokens: np.ndarray) -> int:
+    def cut_tails(self, slots: np.ndarray, tokens: np.ndarray, total: int | None = None) -> int:
         """Cut ``tokens[i]`` (whole pages, fewer than the leaf holds; 0 is allowed) off the
         tail of the unlocked leaf in ``slots[i]``, deferred: one vectorised step for the
-        whole batch. Returns the tokens cut."""
+        whole batch. Returns the tokens cut (``total``, if the caller knows their sum)."""
         self.leaves.size[slots] -= tokens
-        cut = int(tokens.sum())
+        cut = int(tokens.sum()) if total is None else total
         self.total_tokens -= cut
         return cut
 

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 
 __all__ = ["RLTEviction"]
 
+# Up to this many leaves, an eviction gathers its candidates and draws with Python lists and
+# one multinomial call; numpy's per-call cost outweighs its vector speed on so few.
+_FEW_LEAVES = 32
+
 
 class RLTEviction:
     """Marking phases plus uniform leaf-token eviction; ``rng`` seeds every draw."""
@@ -119,14 +123,40 @@ class RLTEviction:
             return False
         return cache.total_tokens - self.marked_tokens < need_tokens
 
-    def _candidate_slots(self) -> tuple[np.ndarray, np.ndarray]:
-        """Registry slots of the unmarked, unlocked leaves and their sizes in pages."""
+    def _candidate_slots(self, need_tokens: int, short: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Registry slots of the unmarked, unlocked leaves and their sizes in pages, after
+        starting a new phase if those hold fewer than ``need_tokens`` (or ``short``: the
+        caller knows they do)."""
         registry = self.registry
         assert registry is not None
-        slots = registry.unmarked_slots(self.phase)
-        pages = registry.size[slots]
+        end = registry.end
+        mark, size = registry.mark[:end], registry.size[:end]
+        if not short:
+            unmarked = mark < self.phase
+            short = int(np.dot(size, unmarked)) < need_tokens
+        if short:
+            self.new_phase()
+            unmarked = mark < self.phase
+        slots = np.flatnonzero(unmarked)
+        pages = size[slots]
         page = self.cache.page_size
         return slots, (pages // page if page > 1 else pages)
+
+    def _few_candidates(self, need_tokens: int, short: bool) -> tuple[list[int], list[int]]:
+        """``_candidate_slots`` with Python lists, for a registry of a few leaves."""
+        registry = self.registry
+        assert registry is not None
+        nodes, page = registry.nodes, self.cache.page_size
+        sizes = registry.size[: registry.end].tolist()
+        unlocked = [i for i, node in enumerate(nodes) if node is not None and not node.lock_ref]
+        if not short:
+            phase = self.phase
+            cand = [i for i in unlocked if nodes[i].mark_phase < phase]
+            short = sum(sizes[i] for i in cand) < need_tokens
+        if short:
+            self.new_phase()
+            cand = unlocked  # after a new phase no leaf is marked
+        return cand, [sizes[i] // page for i in cand]
 
     def _evict_registry(self, num_tokens: int) -> int:
         """``evict`` on the reference cache: candidates, draw and trims on the registry."""
@@ -135,44 +165,68 @@ class RLTEviction:
         page = cache.page_size
         need = -(-num_tokens // page)
         short = self._start_phase_if_due(need * page)
-        slots, pages = (np.empty(0, np.int64),) * 2 if short else self._candidate_slots()
-        if not len(slots) or int(pages.sum()) < need:
-            self.new_phase()
-            slots, pages = self._candidate_slots()
-        if not len(slots):
-            return 0
+        drawn: tuple[np.ndarray, None] | None = None
+        if registry.live <= _FEW_LEAVES:
+            cand, cand_pages = self._few_candidates(need * page, short)
+            if not cand:
+                return 0
+            counts_list = self.gen.multinomial(need, [1.0 / len(cand)] * len(cand)).tolist()
+            if all(c < p for c, p in zip(counts_list, cand_pages, strict=True)):
+                size = registry.size
+                for slot, c in zip(cand, counts_list, strict=True):
+                    size[slot] -= c * page
+                cache.total_tokens -= need * page
+                return need * page
+            # A leaf empties: the general path below goes on from this same draw.
+            slots = np.asarray(cand, dtype=np.int64)
+            pages = np.asarray(cand_pages, dtype=np.int64)
+            drawn = (np.asarray(counts_list, dtype=np.int64), None)
+        else:
+            slots, pages = self._candidate_slots(need * page, short)
+            if not len(slots):
+                return 0
         nodes = registry.nodes
+        first_nodes: list[RadixNode] | None = None  # the candidates, built if a leaf empties
         joined: list[RadixNode] = []
         joined_pages: list[int] = []
-        tracker = self._parent_joins_tracker()
+        children_left: dict[RadixNode, int] = {}
+        root, phase, k = cache.root, self.phase, len(slots)
 
         def parent_joins(label: int) -> int | None:
-            leaf = nodes[slots[label]] if label < len(slots) else joined[label - len(slots)]
-            got = tracker(leaf)
-            if got is None or got[1] <= 0:
+            """The tracker of ``_parent_joins_tracker``, inlined: it runs once per emptying."""
+            nonlocal first_nodes
+            if label < k:
+                if first_nodes is None:
+                    first_nodes = [nodes[i] for i in slots.tolist()]
+                leaf = first_nodes[label]
+            else:
+                leaf = joined[label - k]
+            parent = leaf.parent
+            if parent is root or parent is None or parent.lock_ref or parent.mark_phase == phase:
                 return None
-            joined.append(got[0])
-            joined_pages.append(got[1])
-            return got[1]
+            left = children_left.get(parent, len(parent.children)) - 1
+            children_left[parent] = left
+            if left:
+                return None
+            joined.append(parent)
+            joined_pages.append(len(parent.key) // page)
+            return joined_pages[-1]
 
-        counts, emptied = draw_leaf_counts(pages, need, self.gen, parent_joins)
+        counts, emptied = draw_leaf_counts(pages, need, self.gen, parent_joins, first=drawn)
         if not emptied:  # the common case: every candidate loses a few pages, none empties
-            return cache.cut_tails(slots, counts * page if page > 1 else counts)
+            cache.cut_tails(slots, counts * page if page > 1 else counts, need * page)
+            return need * page
         # Partial trims of the first candidates first, in one step (deleting leaves may
         # renumber the slots); then the emptied leaves, children before parents; then the
         # few parents that joined and lost only part of their pages.
-        first = counts[: len(slots)]
+        first = counts[:k]
         partial = (first > 0) & (first < pages)
         freed = cache.cut_tails(slots[partial], first[partial] * page) if partial.any() else 0
-        emptied_nodes = [
-            nodes[slots[label]] if label < len(slots) else joined[label - len(slots)]
-            for label in emptied
-        ]
-        for node in emptied_nodes:
-            freed += cache.delete_leaf(node)
-        for node, taken, size in zip(
-            joined, counts[len(slots) :].tolist(), joined_pages, strict=True
-        ):
+        assert first_nodes is not None  # a leaf emptied, so parent_joins ran
+        freed += cache.delete_emptied(
+            [first_nodes[label] if label < k else joined[label - k] for label in emptied]
+        )
+        for node, taken, size in zip(joined, counts[k:].tolist(), joined_pages, strict=True):
             if 0 < taken < size:
                 freed += taken * page
                 cache.trim_leaf(node, taken * page)

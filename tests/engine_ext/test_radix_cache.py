@@ -173,6 +173,7 @@ def apply(m: Model, op: tuple) -> None:  # type: ignore[type-arg]
             assert cache.total_tokens <= cache.capacity_tokens
 
 
+@pytest.mark.usefixtures("rlt_paths")
 @pytest.mark.parametrize(("eviction", "page_size"), CONFIGS)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=operations, seed=st.integers(0, 2**16))
@@ -220,6 +221,7 @@ def test_string_keys_work_like_token_tuples() -> None:
     assert cache.node_count == 2  # the match split "hello world" after "hello "
 
 
+@pytest.mark.usefixtures("rlt_paths")
 @pytest.mark.parametrize("eviction", ["lru", "rlt"])
 def test_locked_nodes_survive_an_eviction_of_everything(eviction: str) -> None:
     cache = RadixCache(50, eviction, rng=random.Random(3))

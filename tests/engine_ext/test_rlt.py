@@ -11,6 +11,8 @@ from scipy.stats import chi2_contingency
 
 from engine_ext.cache import RadixCache, RLTEviction
 
+pytestmark = pytest.mark.usefixtures("rlt_paths")
+
 A, B, D, E = (1,) * 4, (2,) * 4, (3,) * 4, (4,) * 8
 
 
