@@ -41,7 +41,7 @@ from typing import TypeVar
 
 import numpy as np
 
-__all__ = ["draw_leaf_counts", "draw_leaf_evictions"]
+__all__ = ["draw_first_round", "draw_leaf_counts", "draw_leaf_evictions"]
 
 N = TypeVar("N", bound=Hashable)
 
@@ -161,9 +161,13 @@ def draw_leaf_counts(
     return state.finish()
 
 
-def _choose(remaining: np.ndarray, need: int, max_rounds: int) -> str:
-    """The cheapest exact path: rounds while few leaves can empty, else continuous time."""
-    leaves, smallest = len(remaining), int(remaining.min())
+def _choose(remaining: np.ndarray | Sequence[int], need: int, max_rounds: int) -> str:
+    """The cheapest exact path: rounds while few leaves can empty, else continuous time.
+
+    Takes an array or, for a handful of leaves, a list (the same rule without numpy calls,
+    so that both make the same choice and hence the same draws)."""
+    leaves = len(remaining)
+    smallest = min(remaining) if isinstance(remaining, list) else int(np.min(remaining))
     if need <= smallest:
         return "cut"  # no leaf can empty: one round is the whole draw
     if need <= smallest * max_rounds and leaves * 8 <= need:
@@ -265,6 +269,18 @@ class _Rounds:
         return out, emptied
 
 
+def draw_first_round(
+    pages: list[int], need: int, gen: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The first cut round that ``draw_leaf_counts`` would draw for ``pages`` (a short
+    list), or None if it would not start with one. A caller that finds no leaf emptied in it
+    has the whole draw; otherwise it passes the round on (``first=``) and the draw goes on
+    from it, with the same random draws as if ``draw_leaf_counts`` had made them."""
+    if need <= 0 or not pages or _choose(pages, need, _MAX_ROUNDS) == "continuous":
+        return None
+    return _draw_picks(gen, len(pages), need)
+
+
 def _draw_picks(
     gen: np.random.Generator, leaves: int, need: int
 ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -276,11 +292,14 @@ def _draw_picks(
     return np.bincount(picks, minlength=leaves), picks
 
 
-def _likely_emptyings(remaining: np.ndarray, need: int) -> int:
+def _likely_emptyings(remaining: np.ndarray | Sequence[int], need: int) -> int:
     """Leaves whose size is within ~3 standard deviations of their expected share of picks
     (``need / leaves`` each, binomial): a cheap bound on how many rounds would be needed."""
     mean = need / len(remaining)
-    return int(np.count_nonzero(remaining <= mean + 3.0 * math.sqrt(mean) + 1.0))
+    bound = mean + 3.0 * math.sqrt(mean) + 1.0
+    if isinstance(remaining, list):
+        return sum(1 for pages in remaining if pages <= bound)
+    return int(np.count_nonzero(np.asarray(remaining) <= bound))
 
 
 def _continuous_draw(

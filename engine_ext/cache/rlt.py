@@ -27,7 +27,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine_ext.cache.leaf_sampling import draw_leaf_counts, draw_leaf_evictions
+from engine_ext.cache.leaf_sampling import (
+    draw_first_round,
+    draw_leaf_counts,
+    draw_leaf_evictions,
+)
 
 if TYPE_CHECKING:
     from engine_ext.cache.node import RadixNode
@@ -35,8 +39,9 @@ if TYPE_CHECKING:
 
 __all__ = ["RLTEviction"]
 
-# Up to this many leaves, an eviction gathers its candidates and draws with Python lists and
-# one multinomial call; numpy's per-call cost outweighs its vector speed on so few.
+# Up to this many leaves, an eviction gathers its candidates with Python lists and, when no
+# leaf empties, draws with one numpy call; numpy's per-call cost outweighs its vector speed on
+# so few. The draws are those of the vectorised path (``draw_first_round``).
 _FEW_LEAVES = 32
 
 
@@ -165,22 +170,24 @@ class RLTEviction:
         page = cache.page_size
         need = -(-num_tokens // page)
         short = self._start_phase_if_due(need * page)
-        drawn: tuple[np.ndarray, None] | None = None
+        drawn: tuple[np.ndarray, np.ndarray | None] | None = None
         if registry.live <= _FEW_LEAVES:
             cand, cand_pages = self._few_candidates(need * page, short)
             if not cand:
                 return 0
-            counts_list = self.gen.multinomial(need, [1.0 / len(cand)] * len(cand)).tolist()
-            if all(c < p for c, p in zip(counts_list, cand_pages, strict=True)):
-                size = registry.size
-                for slot, c in zip(cand, counts_list, strict=True):
-                    size[slot] -= c * page
-                cache.total_tokens -= need * page
-                return need * page
-            # A leaf empties: the general path below goes on from this same draw.
+            drawn = draw_first_round(cand_pages, need, self.gen)
+            if drawn is not None:
+                counts_list = drawn[0].tolist()
+                if all(c < p for c, p in zip(counts_list, cand_pages, strict=True)):
+                    size = registry.size
+                    for slot, c in zip(cand, counts_list, strict=True):
+                        if c:
+                            size[slot] -= c * page
+                    cache.total_tokens -= need * page
+                    return need * page
+            # A leaf empties (or many will): the general path goes on from the same draws.
             slots = np.asarray(cand, dtype=np.int64)
             pages = np.asarray(cand_pages, dtype=np.int64)
-            drawn = (np.asarray(counts_list, dtype=np.int64), None)
         else:
             slots, pages = self._candidate_slots(need * page, short)
             if not len(slots):
@@ -214,7 +221,9 @@ class RLTEviction:
 
         counts, emptied = draw_leaf_counts(pages, need, self.gen, parent_joins, first=drawn)
         if not emptied:  # the common case: every candidate loses a few pages, none empties
-            cache.cut_tails(slots, counts * page if page > 1 else counts, need * page)
+            # (parents the walk saw join after the target have labels past k, and no pages)
+            taken = counts[:k]
+            cache.cut_tails(slots, taken * page if page > 1 else taken, need * page)
             return need * page
         # Partial trims of the first candidates first, in one step (deleting leaves may
         # renumber the slots); then the emptied leaves, children before parents; then the

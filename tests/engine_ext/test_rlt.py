@@ -236,3 +236,59 @@ def test_rlt_evict_matches_the_per_token_definition(need: int) -> None:
     assert chi2_contingency(table).pvalue > 0.001
     if need == 8:
         assert any(o[3] > 0 for o in real), "the parent joined in some runs"
+
+
+def leaf_state(cache: RadixCache) -> list[tuple[int, int]]:
+    cache.check_invariants()
+    return sorted((node.node_id, len(node.key)) for node in cache.leaves)
+
+
+@pytest.mark.parametrize("leaves", [6, 24])
+def test_few_leaf_and_vectorised_paths_make_the_same_draws(
+    leaves: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both eviction paths of the reference cache consume the seeded generator the same way
+    (as ``draw_leaf_counts`` would), so the SGLang plugin, which draws through
+    ``draw_leaf_evictions``, stays equal to the reference whichever path runs."""
+    from engine_ext.cache import rlt as rlt_module
+
+    gen = np.random.default_rng(leaves)
+    prefixes = [tuple(int(t) for t in gen.integers(1000, 2000, size=16)) for _ in range(3)]
+    keys = [
+        prefixes[i % 3]
+        + tuple(int(t) for t in gen.integers(0, 1000, size=int(gen.integers(4, 40))))
+        for i in range(leaves)
+    ]
+    evictions = [int(n) for n in gen.integers(1, 60, size=12)]
+    states = []
+    for few in (True, False):
+        monkeypatch.setattr(rlt_module, "_FEW_LEAVES", 10_000 if few else -1)
+        cache, _ = rlt_cache(2_000, seed=7)
+        trace = []
+        for i, n in enumerate(evictions):
+            for key in keys[i::4]:
+                cache.insert(key)
+            trace.append((cache.evict(n), leaf_state(cache)))
+        states.append(trace)
+    assert states[0] == states[1]
+    assert any(len(state) < leaves for _, state in states[0]), "some leaves emptied"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_large_eviction_from_chains_frees_exactly_what_is_asked(seed: int) -> None:
+    """Chains under a shared prefix (multi-turn chats): a big eviction empties leaves, their
+    parents join, and the continuous-time draw may see parents join after the target ring
+    (they must lose nothing)."""
+    gen = np.random.default_rng(seed)
+    cache, _ = rlt_cache(100_000, seed=seed)
+    system = tuple(range(10_000, 10_064))
+    for _chat in range(48):
+        history = system
+        for _turn in range(int(gen.integers(2, 5))):
+            history += tuple(int(t) for t in gen.integers(0, 10_000, size=int(gen.integers(8, 24))))
+            cache.insert(history)
+    before = cache.total_tokens
+    need = int(gen.integers(200, 900))
+    assert cache.evict(need) == need
+    assert cache.total_tokens == before - need
+    cache.check_invariants()
