@@ -71,13 +71,19 @@ class LeafRegistry:
         node.slot = slot
         self.live += 1
 
-    def remove(self, node: RadixNode) -> None:
-        """``node`` is no longer a leaf (deleted, or it got a child: settle it first)."""
+    def remove(self, node: RadixNode, *, compact: bool = True) -> None:
+        """``node`` is no longer a leaf (deleted, or it got a child: settle it first).
+        ``compact=False`` leaves the holes for a batch to close once (``compact``)."""
         slot = node.slot
         self.nodes[slot] = None
         self.mark[slot] = LOCKED  # a hole is never a candidate; its size is stale
         node.slot = -1
         self.live -= 1
+        if compact:
+            self.compact()
+
+    def compact(self) -> None:
+        """Close the holes if they are more than half of the slots."""
         end = len(self.nodes)
         if end > _INITIAL_SLOTS and self.live * 2 < end:
             self._compact()

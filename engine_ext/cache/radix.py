@@ -334,19 +334,23 @@ class RadixCache:
         ``nodes`` never joins the leaf registry in between.
         """
         registry, root, gone = self.leaves, self.root, set(nodes)
+        size, page = registry.size, self.page_size
         freed = 0
         for node in nodes:
             parent = node.parent
             if node.lock_ref or node.children or parent is None:
                 raise RuntimeError(f"only unlocked leaves can be deleted: {node!r}")
-            del parent.children[self._child_key(node.key, 0)]
+            key = node.key
+            del parent.children[key[0] if page == 1 else key[:page]]
             if node.slot >= 0:
-                freed += int(registry.size[node.slot])
-                registry.remove(node)
+                freed += int(size[node.slot])
+                registry.remove(node, compact=False)
             else:  # an inner node when the draw began: its key was never trimmed
-                freed += len(node.key)
+                freed += len(key)
             if not parent.children and parent is not root and parent not in gone:
                 registry.add(parent)
+                size = registry.size  # adding may grow the array
+        registry.compact()
         self.total_tokens -= freed
         return freed
 

@@ -193,31 +193,29 @@ class RLTEviction:
             if not len(slots):
                 return 0
         nodes = registry.nodes
-        first_nodes: list[RadixNode] | None = None  # the candidates, built if a leaf empties
-        joined: list[RadixNode] = []
+        # Node of each label: the candidates (built when a leaf first empties), then the
+        # parents in the order they joined.
+        label_nodes: list[RadixNode] = []
         joined_pages: list[int] = []
         children_left: dict[RadixNode, int] = {}
         root, phase, k = cache.root, self.phase, len(slots)
 
         def parent_joins(label: int) -> int | None:
             """The tracker of ``_parent_joins_tracker``, inlined: it runs once per emptying."""
-            nonlocal first_nodes
-            if label < k:
-                if first_nodes is None:
-                    first_nodes = [nodes[i] for i in slots.tolist()]
-                leaf = first_nodes[label]
-            else:
-                leaf = joined[label - k]
-            parent = leaf.parent
-            if parent is root or parent is None or parent.lock_ref or parent.mark_phase == phase:
+            if not label_nodes:
+                label_nodes.extend([nodes[i] for i in slots.tolist()])
+            parent = label_nodes[label].parent
+            if parent is None or parent is root or parent.lock_ref or parent.mark_phase == phase:
                 return None
-            left = children_left.get(parent, len(parent.children)) - 1
-            children_left[parent] = left
+            left = children_left.get(parent)
+            left = (len(parent.children) if left is None else left) - 1
             if left:
+                children_left[parent] = left
                 return None
-            joined.append(parent)
-            joined_pages.append(len(parent.key) // page)
-            return joined_pages[-1]
+            label_nodes.append(parent)
+            pages = len(parent.key) // page
+            joined_pages.append(pages)
+            return pages
 
         counts, emptied = draw_leaf_counts(pages, need, self.gen, parent_joins, first=drawn)
         if not emptied:  # the common case: every candidate loses a few pages, none empties
@@ -231,10 +229,8 @@ class RLTEviction:
         first = counts[:k]
         partial = (first > 0) & (first < pages)
         freed = cache.cut_tails(slots[partial], first[partial] * page) if partial.any() else 0
-        assert first_nodes is not None  # a leaf emptied, so parent_joins ran
-        freed += cache.delete_emptied(
-            [first_nodes[label] if label < k else joined[label - k] for label in emptied]
-        )
+        freed += cache.delete_emptied([label_nodes[label] for label in emptied])
+        joined = label_nodes[k:]
         for node, taken, size in zip(joined, counts[k:].tolist(), joined_pages, strict=True):
             if 0 < taken < size:
                 freed += taken * page
