@@ -34,6 +34,7 @@ checks the distribution against the literal loop.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable, Hashable, Sequence
@@ -336,6 +337,8 @@ def _continuous_draw(
     t_lo, lo_counts, first_after_lo = 0.0, None, 0  # lower bracket: time, counts, event index
     emptied_pages, pos = 0, 0
     events: list[int] = []  # leaf index of each emptying, in time order
+    areas: list[float] = []  # while checking: the area at each emptying,
+    actives: list[int] = []  # and the active leaves just after it
     gamma, heappush, heappop = gen.standard_gamma, heapq.heappush, heapq.heappop
     while emptied_pages < need:
         if joined and (pos >= k or joined[0][0] < sorted_end[pos]):
@@ -353,8 +356,9 @@ def _continuous_draw(
                 at_stop = _bridge(*arrays, 0.0, np.inf, zeros, None, t_stop, gen)
                 if int(at_stop.sum()) >= need:  # the target lies before t_stop
                     times = [end_list[i] for i in events]
-                    counts = _counts_at_target(
-                        *arrays, times, events, need, gen, 0.0, zeros, t_stop, at_stop, None
+                    t_low = _time_at_area(need - (stop_area - need), times, areas, actives, k)
+                    counts = _counts_below(
+                        arrays, times, events, need, gen, zeros, t_stop, at_stop, t_low
                     )
                     return labels, counts, [labels[i] for i in events if counts[i] == size_list[i]]
                 checking = False  # rare: walk on, from this sample
@@ -371,14 +375,17 @@ def _continuous_draw(
         parent_pages = parent_joins(labels[idx])
         if parent_pages is None or parent_pages <= 0:
             active -= 1
-            continue
-        end = t_next + float(gamma(parent_pages))
-        heappush(joined, (end, len(labels)))
-        labels.append(next_label)
-        next_label += 1
-        size_list.append(parent_pages)
-        start_list.append(t_next)
-        end_list.append(end)
+        else:
+            end = t_next + float(gamma(parent_pages))
+            heappush(joined, (end, len(labels)))
+            labels.append(next_label)
+            next_label += 1
+            size_list.append(parent_pages)
+            start_list.append(t_next)
+            end_list.append(end)
+        if checking:
+            areas.append(area)
+            actives.append(active)
     still_active = pos < k or bool(joined)
     size = np.asarray(size_list, dtype=np.int64)
     if emptied_pages < need or (emptied_pages == need and not still_active):
@@ -398,6 +405,52 @@ def _continuous_draw(
     )
     gone = [labels[i] for i in events if counts[i] == size_list[i]]
     return labels, counts, gone
+
+
+def _time_at_area(
+    target: float, times: list[float], areas: list[float], actives: list[int], leaves: int
+) -> float | None:
+    """When the walk's area (active leaves x time) reached ``target``, strictly between two
+    emptyings; None if that is not a usable time (at or before 0, or on an emptying)."""
+    if target <= 0:
+        return None
+    i = bisect.bisect_right(areas, target) - 1  # the last emptying at or below the target
+    if i < 0:
+        return target / leaves
+    if actives[i] == 0 or areas[i] == target:
+        return None
+    return times[i] + (target - areas[i]) / actives[i]
+
+
+def _counts_below(
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
+    times: list[float],
+    events: list[int],
+    need: int,
+    gen: np.random.Generator,
+    zeros: np.ndarray,
+    t_stop: float,
+    at_stop: np.ndarray,
+    t_low: float | None,
+) -> np.ndarray:
+    """``_counts_at_target`` for a target known to lie before ``t_stop`` (a time that is no
+    emptying). The expected rings at ``t_low`` are as far below ``need`` as ``t_stop``'s are
+    above, so one bridge sample there usually brackets the target between ``t_low`` and
+    ``t_stop``, with few emptyings left to bisect over; if it does not, the bisection runs
+    below ``t_low`` instead. Either way it is a sample of the same bridge, so exact."""
+    if t_low is None:
+        return _counts_at_target(
+            *arrays, times, events, need, gen, 0.0, zeros, t_stop, at_stop, None
+        )
+    at_low = _bridge(*arrays, 0.0, t_stop, zeros, at_stop, t_low, gen)
+    split = bisect.bisect_right(times, t_low)
+    if int(at_low.sum()) < need:
+        return _counts_at_target(
+            *arrays, times[split:], events[split:], need, gen, t_low, at_low, t_stop, at_stop, None
+        )
+    return _counts_at_target(
+        *arrays, times[:split], events[:split], need, gen, 0.0, zeros, t_low, at_low, None
+    )
 
 
 def _arrays(

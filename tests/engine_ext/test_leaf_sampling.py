@@ -170,11 +170,20 @@ def test_batched_sampler_matches_the_per_page_definition(
         (SMALL, 9, "continuous", {"_STOP_MARGIN_SD": 0.0, "_STOP_MARGIN_RINGS": 0.0}),
         (BIG, 18, "continuous", {"_STOP_MARGIN_SD": 0.0, "_STOP_MARGIN_RINGS": 0.0}),
         (BIG, 14, "continuous", {"_STOP_MARGIN_SD": 1.0, "_STOP_MARGIN_RINGS": 0.0}),
+        # A narrow margin: the probe below the target often lands above it (bisect below).
+        (BIG, 14, "continuous", {"_STOP_MARGIN_SD": 0.3, "_STOP_MARGIN_RINGS": 0.0}),
         # Cut rounds that draw their picks as counts, and their order only if a leaf empties.
         (SMALL, 5, "cut", {"_MULTINOMIAL_PICKS_PER_LEAF": 0}),
         (BIG, 12, None, {"_MULTINOMIAL_PICKS_PER_LEAF": 0}),
     ],
-    ids=["small-9-stop", "big-18-stop", "big-14-stop", "small-5-counts", "big-12-counts"],
+    ids=[
+        "small-9-stop",
+        "big-18-stop",
+        "big-14-stop",
+        "big-14-narrow-stop",
+        "small-5-counts",
+        "big-12-counts",
+    ],
 )
 def test_shortcuts_match_the_per_page_definition(
     sizes: dict[str, int],
