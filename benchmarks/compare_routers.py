@@ -83,9 +83,10 @@ PAPER_THRESHOLDS = (
 )
 # kvroute's hold queue (router_service.dispatch): one request in prefill per worker, the
 # rest wait in the router and go where they are cached, shortest first. GSP's outputs are
-# 4 tokens, so a slot is held to the end of the response. Its max wait is wall time:
-# ``row_specs`` scales the router's default (20 s) to emulated seconds.
-HOLD_QUEUE = ("--queue-slots", "1", "--queue-free-at", "end")
+# 4 tokens, so a slot is held until one decode step is left (the next request's hand-over
+# overlaps that step). Its max wait is wall time: ``row_specs`` scales the router's default
+# (20 s) to emulated seconds.
+HOLD_QUEUE = ("--queue-slots", "1", "--queue-free-at", "last_token")
 HOLD_QUEUE_MAX_WAIT_S = 20.0  # emulated
 VARIANTS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("sglang-router", "cache_aware", "paper thresholds", PAPER_THRESHOLDS),

@@ -60,10 +60,11 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--queue-free-at",
-        choices=["first_token", "end"],
+        choices=["first_token", "last_token", "end"],
         default=None,
-        help="hold queue: a streamed request frees its slot at its first chunk (default) or "
-        "at the end of the response (short outputs)",
+        help="hold queue: a streamed request frees its slot at its first chunk (default), "
+        "when one decode step is left (last_token) or at the end of the response (short "
+        "outputs)",
     )
     p.add_argument(
         "--queue-max-wait-s",

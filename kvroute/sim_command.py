@@ -133,10 +133,10 @@ def add_parser(sub: Any) -> None:
     )
     f.add_argument(
         "--queue-free-at",
-        choices=["first_token", "end"],
+        choices=["first_token", "last_token", "end"],
         default="first_token",
-        help="with --queue-slots: a request frees its slot at its first token (default) or "
-        "at its end (short outputs)",
+        help="with --queue-slots: a request frees its slot at its first token (default), "
+        "when one decode step is left (last_token) or at its end (short outputs)",
     )
     f.add_argument(
         "--queue-max-wait-s",
@@ -193,6 +193,7 @@ def cluster_config(args: argparse.Namespace, policy: str, eviction: str) -> Clus
             slots=args.queue_slots or 0,
             max_wait_ms=args.queue_max_wait_s * 1000.0,
             free_at_first_token=args.queue_free_at == "first_token",
+            free_at_last_token=args.queue_free_at == "last_token",
         ),
     )
 

@@ -93,6 +93,7 @@ def _build_state(settings: Settings) -> ServiceState:
         window=settings.queue_window,
         bind_ratio=settings.queue_bind_ratio,
         free_at_first_token=settings.queue_free_at == "first_token",
+        free_at_last_token=settings.queue_free_at == "last_token",
     )
     if hold.enabled:
         pool = state.pool

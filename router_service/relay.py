@@ -70,6 +70,7 @@ class Flight:
     closed: bool = False
     on_close: Callable[[], None] | None = None  # e.g. free the request's admission slot
     queue_slot: bool = False  # holds a hold-queue slot on its worker until freed
+    events_to_free: int = 0  # with free_at_last_token: SSE events after which the slot goes
 
     def free_queue_slot(self) -> None:
         """Give the hold-queue slot back (once): at the first chunk or at the end."""
@@ -81,10 +82,28 @@ class Flight:
 
     def first_chunk(self) -> None:
         """The worker's first streamed chunk: its prefill is done, so with the hold queue's
-        ``free_at_first_token`` the slot goes back now."""
+        ``free_at_first_token`` the slot goes back now. With ``free_at_last_token`` it goes
+        when the stream has brought all tokens but the last (``stream_chunk``): one data
+        event per token, and on chat streams a role-only event first (SGLang's), so the
+        last decode step is running. A stream that sends several tokens per event, or none
+        of ``max_new_tokens``, frees it later, at the end, never earlier."""
         queue = self.state.queue
-        if self.queue_slot and queue is not None and queue.settings.free_at_first_token:
+        if not self.queue_slot or queue is None:
+            return
+        if queue.settings.free_at_first_token:
             self.free_queue_slot()
+        elif queue.settings.free_at_last_token and _one_sequence(self.parsed.body):
+            max_new = self.parsed.route.max_new_tokens
+            if max_new is not None and max_new >= 2:
+                self.events_to_free = max_new - 1 + (self.parsed.kind == "chat")
+
+    def stream_chunk(self, chunk: bytes) -> None:
+        """Count the stream's data events toward ``events_to_free``."""
+        if self.events_to_free > 0:
+            self.events_to_free -= chunk.count(b"data:")
+            if self.events_to_free <= 0:
+                self.events_to_free = 0
+                self.free_queue_slot()
 
     async def close(self, ok: bool, status: str, *, worker_fault: bool = False) -> None:
         """Release, learn, record. ``worker_fault`` counts against the worker's breaker."""
@@ -126,6 +145,21 @@ class Flight:
                 metrics.latency_seconds.labels(worker).observe(latency_ms / 1000.0)
                 if ttft_ms is not None:
                     metrics.ttft_seconds.labels(worker).observe(ttft_ms / 1000.0)
+
+
+def _one_sequence(body: dict[str, Any]) -> bool:
+    """One generated sequence per stream: no batch of prompts, no ``n`` or ``best_of`` > 1
+    (their events interleave several sequences, so counting them would free a slot early)."""
+    params = body.get("sampling_params")
+    sources = (body, params) if isinstance(params, dict) else (body,)
+    if any(src.get(name) not in (None, 1) for src in sources for name in ("n", "best_of")):
+        return False
+    if isinstance(body.get("text"), list):
+        return False
+    for batch in (body.get("input_ids"), body.get("prompt")):  # a list of prompts
+        if isinstance(batch, list) and batch and isinstance(batch[0], (list, str)):
+            return False
+    return True
 
 
 async def relay(
@@ -177,6 +211,8 @@ async def _stream(flight: Flight, upstream: aiohttp.ClientResponse) -> AsyncGene
             if flight.first_byte is None:
                 flight.first_byte = time.perf_counter()
                 flight.first_chunk()
+            if flight.events_to_free:
+                flight.stream_chunk(chunk)
             yield chunk
         completed = True
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:

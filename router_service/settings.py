@@ -92,8 +92,9 @@ class Settings(BaseSettings):
     queue_window: int = Field(64, ge=1, le=4096)  # waiting requests considered per pass
     queue_bind_ratio: float = Field(0.25, gt=0, le=1)  # cached share that binds to a worker
     # "first_token": a streamed request frees its slot at its first chunk (decode does not
-    # count); "end": when the response ends (best for short outputs, see docs/operations.md).
-    queue_free_at: Literal["first_token", "end"] = "first_token"
+    # count); "end": when the response ends (best for short outputs, see docs/operations.md);
+    # "last_token": like "end", but one decode step before it (the hand-over overlaps it).
+    queue_free_at: Literal["first_token", "last_token", "end"] = "first_token"
     rate_limit_rps: float = Field(0.0, ge=0)  # 0: no limit
     rate_limit_burst: int = Field(0, ge=0)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)

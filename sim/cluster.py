@@ -154,6 +154,9 @@ def simulate(
         if job.holds_slot and config.hold.free_at_first_token:
             free_slot(job)
 
+    def last_step(req: EngineRequest) -> None:
+        free_slot(in_flight[req.rid])
+
     def free_slot(job: _InFlight) -> None:
         if queue is not None and job.holds_slot:
             job.holds_slot = False
@@ -169,7 +172,17 @@ def simulate(
             page_size=config.page_size,
             rng=random.Random(rng.getrandbits(64)),
         )
-        workers.append(SimWorker(env, url, profile, cache, first_token, finish))
+        workers.append(
+            SimWorker(
+                env,
+                url,
+                profile,
+                cache,
+                first_token,
+                finish,
+                last_step if queue is not None and config.hold.free_at_last_token else None,
+            )
+        )
     by_url = dict(zip(urls, workers, strict=True))
 
     def arrive(item: WorkloadRequest) -> None:

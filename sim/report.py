@@ -79,7 +79,7 @@ def summarize(run: SimRun, **extra: Any) -> dict[str, Any]:
         waits = [r.sent_ms - r.arrival_ms for r in run.records if r.sent_ms is not None]
         out["queue"] = {
             "slots": cfg.hold.slots,
-            "free_at": "first_token" if cfg.hold.free_at_first_token else "end",
+            "free_at": cfg.hold.free_at,
             "max_wait_s": cfg.hold.max_wait_ms / 1000.0,
             "p50_wait_s": _r(percentile_s(waits, 50)),
             "p95_wait_s": _r(percentile_s(waits, 95)),

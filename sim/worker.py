@@ -25,6 +25,7 @@ class SimWorker:
         cache: RadixCache,
         on_first_token: Callback,
         on_finish: Callback,
+        on_last_step: Callback | None = None,
     ) -> None:
         self.env = env
         self.url = url
@@ -33,6 +34,7 @@ class SimWorker:
         self.engine = WorkerEngine(profile, cache)
         self._on_first_token = on_first_token
         self._on_finish = on_finish
+        self._on_last_step = on_last_step
         self.steps = 0
         self.busy_ms = 0.0
 
@@ -57,6 +59,12 @@ class SimWorker:
         result = self.engine.finish_step(step, self.env.now_ms)
         for req in result.first_tokens:
             self._on_first_token(req)
+        if self._on_last_step is not None:
+            # One token left: the next decode step, planned below before anything that
+            # arrives later, is the request's last (what a router sees as max - 1 tokens).
+            for req in (*result.first_tokens, *step.decode):
+                if req.generated == req.max_new_tokens - 1:
+                    self._on_last_step(req)
         for req in result.finished:
             self._on_finish(req)
         self._kick()

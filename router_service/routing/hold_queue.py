@@ -44,6 +44,10 @@ class HoldSettings:
     # A slot is the worker's prefill: free it when the first token comes back (streams),
     # so decoding requests do not count; False holds it until the response ends.
     free_at_first_token: bool = True
+    # Free it when one decode step is left (a stream has brought max_new_tokens - 1 tokens):
+    # the next request's hand-over (HTTP, parsing) overlaps that step instead of leaving the
+    # worker idle after it. For short outputs held to their end.
+    free_at_last_token: bool = False
 
     def __post_init__(self) -> None:
         if self.slots < 0:
@@ -54,6 +58,15 @@ class HoldSettings:
             raise ValueError(f"queue window must be >= 1, got {self.window}")
         if not 0.0 < self.bind_ratio <= 1.0:
             raise ValueError(f"queue bind ratio must be in (0, 1], got {self.bind_ratio}")
+        if self.free_at_first_token and self.free_at_last_token:
+            raise ValueError("a queue slot frees at the first token or at the last, not both")
+
+    @property
+    def free_at(self) -> str:
+        """``first_token``, ``last_token`` or ``end`` (the setting's name)."""
+        if self.free_at_first_token:
+            return "first_token"
+        return "last_token" if self.free_at_last_token else "end"
 
     @property
     def enabled(self) -> bool:

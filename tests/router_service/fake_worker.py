@@ -4,7 +4,8 @@ It speaks what the router forwards to: ``GET /health``, ``POST /generate`` (``te
 ``input_ids``), ``POST /v1/completions`` and ``POST /v1/chat/completions`` in OpenAI's shapes
 (the official ``openai`` client parses them), streaming as SSE ``data: {...}`` events ending
 with ``data: [DONE]``, and ``GET /v1/models``. Knobs a test turns at run time: ``delay_s``
-(a slow worker), ``chunk_pause_s`` (a pause after the first streamed chunk), ``health_status``,
+(a slow worker), ``chunk_pause_s`` (a pause after the first streamed chunk),
+``last_chunk_pause_s`` (a pause before the last one), ``health_status``,
 ``fail_status`` (answer with an error) and ``stop()``. It records every request's raw body and
 every non-streamed response's bytes, so tests can check the router passes both unchanged.
 
@@ -48,12 +49,14 @@ class FakeWorker:
         *,
         delay_s: float = 0.0,
         chunk_pause_s: float = 0.0,
+        last_chunk_pause_s: float = 0.0,
         chunks: int = 3,
         host: str = "127.0.0.1",
     ) -> None:
         self.name = name
         self.delay_s = delay_s
         self.chunk_pause_s = chunk_pause_s
+        self.last_chunk_pause_s = last_chunk_pause_s
         self.chunks = chunks
         self.health_status = 200
         self.fail_status: int | None = None  # answer data-plane requests with this error
@@ -169,6 +172,8 @@ class FakeWorker:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i, event in enumerate(events):
+            if i == len(events) - 1 and i > 0 and self.last_chunk_pause_s > 0:
+                await asyncio.sleep(self.last_chunk_pause_s)  # the last decode step
             await resp.write(f"data: {json.dumps(event)}\n\n".encode())
             if i == 0 and self.chunk_pause_s > 0:
                 await asyncio.sleep(self.chunk_pause_s)

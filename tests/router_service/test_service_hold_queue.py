@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 from fake_worker import FakeWorker
 from router_harness import RouterServer, wait_until
 
@@ -90,6 +91,71 @@ def test_with_free_at_end_a_stream_holds_its_slot_to_the_end(
 ) -> None:
     first, second = _stream_arrivals(workers, routers, "end")
     assert second - first >= 0.49
+
+
+def _last_step_arrivals(
+    workers: Callable[..., FakeWorker],
+    routers: Callable[..., RouterServer],
+    path: str,
+    body: dict[str, Any],
+    free_at: str = "last_token",
+) -> float:
+    """Two streams of 3 tokens, the last 0.5 s after the others; the gap between their
+    arrivals at the worker."""
+    worker = workers("a", last_chunk_pause_s=0.5, chunks=3)
+    router = routers(worker_urls=[worker.url], queue_slots=1, queue_free_at=free_at)
+    out: list[Any] = [None, None]
+
+    def send(i: int) -> None:
+        with httpx.Client(base_url=router.url, timeout=30.0) as client:
+            out[i] = client.post(path, json={**body, "stream": True})
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.05)
+    for thread in threads:
+        thread.join()
+    assert [r.status_code for r in out] == [200, 200]
+    assert all("[DONE]" in r.text for r in out)
+    first, second = sorted(r.at_s for r in worker.received)
+    return second - first
+
+
+GENERATE_3 = {"text": "prompt", "sampling_params": {"max_new_tokens": 3}}
+CHAT_3 = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/generate", GENERATE_3), ("/v1/chat/completions", CHAT_3)],
+    ids=["generate", "chat-with-role-event"],
+)
+def test_free_at_last_token_hands_over_while_the_last_token_is_decoded(
+    workers: Callable[..., FakeWorker],
+    routers: Callable[..., RouterServer],
+    path: str,
+    body: dict[str, Any],
+) -> None:
+    assert _last_step_arrivals(workers, routers, path, body) < 0.4
+
+
+@pytest.mark.parametrize(
+    ("body", "free_at"),
+    [
+        (GENERATE_3, "end"),
+        ({"text": "prompt"}, "last_token"),  # no max_new_tokens: the end is unknown
+        ({"text": "prompt", "sampling_params": {"max_new_tokens": 3, "n": 2}}, "last_token"),
+    ],
+    ids=["free-at-end", "no-max-new-tokens", "n-sequences"],
+)
+def test_a_stream_without_a_known_last_token_holds_its_slot_to_the_end(
+    workers: Callable[..., FakeWorker],
+    routers: Callable[..., RouterServer],
+    body: dict[str, Any],
+    free_at: str,
+) -> None:
+    assert _last_step_arrivals(workers, routers, "/generate", body, free_at) >= 0.49
 
 
 def test_a_client_that_leaves_while_waiting_is_never_sent(

@@ -96,6 +96,41 @@ def test_hand_computed_schedule_gives_exact_latencies_and_hit_rate(
     assert (summary["completed"], summary["failed"]) == (3, 0)
 
 
+@pytest.mark.parametrize(
+    ("last_token", "r2_sent", "r2_done"),
+    [(False, 74.5, 149.0), (True, 50.5, 144.0)],
+    ids=["free-at-end", "free-at-last-token"],
+)
+def test_a_slot_freed_at_the_last_token_hands_over_during_the_last_decode_step(
+    monkeypatch: pytest.MonkeyPatch, last_token: bool, r2_sent: float, r2_done: float
+) -> None:
+    """One slot, two unrelated requests at once (HAND profile, 3 output tokens each).
+    r1 reaches the worker at 5: prefill 22 -> 27, decode 23.5 -> 50.5, decode 24 -> 74.5.
+    Freed at the end, r2 leaves the router at 74.5, reaches the worker at 79.5 and ends at
+    79.5 + 22 + 23.5 + 24 = 149. Freed when one decode step is left (r1's second token, at
+    50.5), r2 reaches the worker at 55.5, during r1's last step, which it does not delay
+    (steps are not preempted); its prefill starts at 74.5, with no idle gap: done at 144."""
+    monkeypatch.setitem(PROFILES, "hand", HAND)
+    workload = ListWorkload(
+        [
+            WorkloadRequest("r1", 0.0, ids_to_key(range(1, 21)), max_new_tokens=3),
+            WorkloadRequest("r2", 0.0, ids_to_key(range(201, 221)), max_new_tokens=3),
+        ]
+    )
+    hold = HoldSettings(slots=1, free_at_first_token=False, free_at_last_token=last_token)
+    config = ClusterConfig(workers=1, policy="lbgr", eviction="lru", profile="hand", hold=hold)
+    run = simulate(config, workload)
+    by_id = {r.rid: r for r in run.records}
+    assert (by_id["r1"].sent_ms, by_id["r1"].finished_ms) == (0.0, 74.5)
+    assert (by_id["r2"].sent_ms, by_id["r2"].finished_ms) == (r2_sent, r2_done)
+    assert summarize(run)["queue"]["free_at"] == ("last_token" if last_token else "end")
+
+
+def test_a_slot_frees_at_the_first_token_or_the_last_not_both() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        HoldSettings(slots=1, free_at_first_token=True, free_at_last_token=True)
+
+
 def run_json(config: ClusterConfig, workload: GSPWorkload) -> str:
     return json.dumps(summarize(simulate(config, workload)), sort_keys=True)
 
