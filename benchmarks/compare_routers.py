@@ -5,7 +5,7 @@ For one workload and one fleet, in a single run: ``kvroute serve`` with each pol
 ``sglang-router==0.3.2``: cache_aware, power_of_two, round_robin, and cache_aware with the
 paper's 0.4.6 thresholds as flags: ``--cache-threshold 0.5 --balance-abs-threshold 32
 --balance-rel-threshold 1.0001 --max-tree-size 2**24``), and kvroute lbgr with its hold
-queue (``--queue-slots 1 --queue-free-at end``: requests wait in the router for a free
+queue (``--queue-slots 1 --queue-free-at last_token``: requests wait in the router for a free
 worker, go where they are cached, shortest first), each on freshly flushed
 emulated workers (``kvroute emulate``), once with ``lru`` and once with ``rlt`` eviction (the
 workers are restarted between the two). Traffic comes from the open-loop load generator
