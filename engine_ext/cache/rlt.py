@@ -104,15 +104,7 @@ class RLTEviction:
         cache = self.cache
         page = cache.page_size
         need = -(-num_tokens // page)
-        if need * page + self.marked_tokens >= cache.capacity_tokens:
-            self.new_phase()
-            cands = self.candidates()
-        elif cache.total_tokens - self.marked_tokens < need * page:
-            # The candidates hold at most the unmarked tokens, so gathering them would come up
-            # short and start a new phase anyway: start it now and gather once.
-            cands = []
-        else:
-            cands = self.candidates()
+        cands = [] if self._start_phase_if_due(need * page) else self.candidates()
         if not cands or sum(pages for _, pages in cands) < need:
             self.new_phase()
             cands = self.candidates()
