@@ -98,9 +98,11 @@ class Flight:
                 self.events_to_free = max_new - 1 + (self.parsed.kind == "chat")
 
     def stream_chunk(self, chunk: bytes) -> None:
-        """Count the stream's data events toward ``events_to_free``."""
+        """Count the stream's data events toward ``events_to_free``: ``data:`` at the start
+        of a line (JSON escapes newlines, so generated text never starts one; an event split
+        across chunks right inside ``data:`` goes uncounted, which only frees later)."""
         if self.events_to_free > 0:
-            self.events_to_free -= chunk.count(b"data:")
+            self.events_to_free -= chunk.count(b"\ndata:") + chunk.startswith(b"data:")
             if self.events_to_free <= 0:
                 self.events_to_free = 0
                 self.free_queue_slot()

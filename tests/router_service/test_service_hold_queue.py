@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import threading
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 from fake_worker import FakeWorker
 from router_harness import RouterServer, wait_until
+
+from router_service.relay import Flight
+from router_service.request_parsing import parse_body
+from router_service.routing import HoldSettings
 
 
 def _send_all(router: RouterServer, bodies: list[dict[str, Any]], stagger_s: float) -> list[Any]:
@@ -213,3 +219,48 @@ def test_queue_settings_are_checked(routers: Callable[..., RouterServer]) -> Non
         load_settings(None, queue_free_at="later")
     with pytest.raises(SettingsError, match="queue_slots"):
         load_settings(None, queue_slots=-1)
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.settings = HoldSettings(slots=1, free_at_first_token=False, free_at_last_token=True)
+        self.released: list[str] = []
+
+    def release(self, worker: str) -> None:
+        self.released.append(worker)
+
+
+def _flight(body: dict[str, Any], kind: str = "generate") -> tuple[Flight, _Queue]:
+    queue = _Queue()
+    parsed = parse_body(body, kind, "r1")
+    flight = Flight(
+        state=SimpleNamespace(queue=queue),  # type: ignore[arg-type]
+        parsed=parsed,
+        decision=SimpleNamespace(chosen="http://w"),  # type: ignore[arg-type]
+        reservation=None,
+        queue_slot=True,
+    )
+    return flight, queue
+
+
+def _event(text: str) -> bytes:
+    return b"data: " + json.dumps({"text": text}).encode() + b"\n\n"
+
+
+def test_last_token_counts_events_not_the_word_data_in_generated_text() -> None:
+    """Generated text may contain "data:" (or "metadata:"); only SSE lines count, however
+    the bytes are cut into chunks."""
+    flight, queue = _flight({"text": "p", "sampling_params": {"max_new_tokens": 4}})
+    flight.first_chunk()
+    assert flight.events_to_free == 3
+    first = _event("data: x")
+    stream = first + _event("metadata:\ndata:") + _event("ok")
+    cut = len(first) + 2  # inside the second event's own "data:"
+    flight.stream_chunk(stream[:cut])
+    assert queue.released == []  # one event counted, the cut one not yet
+    flight.stream_chunk(stream[cut:])
+    assert queue.released == []  # the cut one is lost (later, never earlier), the third counts
+    flight.stream_chunk(_event("last but one"))
+    assert queue.released == ["http://w"]
+    flight.stream_chunk(_event("last"))
+    assert queue.released == ["http://w"]  # freed once
