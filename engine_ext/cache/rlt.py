@@ -189,25 +189,17 @@ class RLTEviction:
         # parents in the order they joined.
         label_nodes: list[RadixNode] = []
         joined_pages: list[int] = []
-        children_left: dict[RadixNode, int] = {}
-        root, phase, k = cache.root, self.phase, len(slots)
+        tracker, k = self._parent_joins_tracker(), len(slots)
 
         def parent_joins(label: int) -> int | None:
-            """The tracker of ``_parent_joins_tracker``, inlined: it runs once per emptying."""
             if not label_nodes:
                 label_nodes.extend([nodes[i] for i in slots.tolist()])
-            parent = label_nodes[label].parent
-            if parent is None or parent is root or parent.lock_ref or parent.mark_phase == phase:
+            joined = tracker(label_nodes[label])
+            if joined is None or joined[1] <= 0:
                 return None
-            left = children_left.get(parent)
-            left = (len(parent.children) if left is None else left) - 1
-            if left:
-                children_left[parent] = left
-                return None
-            label_nodes.append(parent)
-            pages = len(parent.key) // page
-            joined_pages.append(pages)
-            return pages
+            label_nodes.append(joined[0])
+            joined_pages.append(joined[1])
+            return joined[1]
 
         counts, emptied = draw_leaf_counts(pages, need, self.gen, parent_joins, first=drawn)
         if not emptied:  # the common case: every candidate loses a few pages, none empties
