@@ -187,8 +187,7 @@ class _Rounds:
         self.need = need
         self.gen = gen
         self.parent_joins = parent_joins
-        self.sizes: list[int] = []  # pages of the parents that joined, label len(pages) + i
-        self.first_join = len(pages)
+        self.next_label = len(pages)  # a parent that joins gets this label
         self.emptied: list[int] = []
         self.emptied_taken: list[int] = []
         self.active = np.arange(len(pages), dtype=np.int64)
@@ -200,8 +199,8 @@ class _Rounds:
         pages = self.parent_joins(label)
         if pages is None or pages <= 0:
             return None
-        self.sizes.append(pages)
-        return self.first_join + len(self.sizes) - 1, pages
+        self.next_label += 1
+        return self.next_label - 1, pages
 
     def _take(self, counts: np.ndarray, picks: int) -> None:
         self.picked += counts
@@ -250,19 +249,18 @@ class _Rounds:
         active, picked = self.active, self.picked
         late: tuple[list[int], np.ndarray] | None = None
         if self.need > 0 and len(active):
-            next_label = self.first_join + len(self.sizes)
             labels, counts, gone = _continuous_draw(
                 active.tolist(),
                 self.remaining.tolist(),
                 self.need,
                 self.gen,
                 self.parent_joins,
-                next_label,
+                self.next_label,
             )
             emptied = emptied + gone
             late = (labels, counts)
-            self.sizes.extend([0] * (len(labels) - len(active)))  # labels of later joins
-        out = np.zeros(self.first_join + len(self.sizes), dtype=np.int64)
+            self.next_label += len(labels) - len(active)  # the parents that joined there
+        out = np.zeros(self.next_label, dtype=np.int64)
         out[np.asarray(self.emptied, dtype=np.int64)] = emptied_taken
         out[active] += picked
         if late is not None:
