@@ -319,7 +319,7 @@ class RadixCache:
         parent = node.parent
         assert parent is not None
         del parent.children[self._child_key(node.key, 0)]  # a cut never reaches the first page
-        tokens = int(self.leaves.size[node.slot])
+        tokens = self.leaf_size(node)
         self.leaves.remove(node)
         self.total_tokens -= tokens
         if not parent.children and parent is not self.root:
@@ -334,19 +334,17 @@ class RadixCache:
         ``nodes`` never joins the leaf registry in between.
         """
         registry, root, gone = self.leaves, self.root, set(nodes)
-        size, page = registry.size, self.page_size
-        freed = 0
+        size, freed = registry.size, 0
         for node in nodes:
             parent = node.parent
             if node.lock_ref or node.children or parent is None:
                 raise RuntimeError(f"only unlocked leaves can be deleted: {node!r}")
-            key = node.key
-            del parent.children[key[0] if page == 1 else key[:page]]
+            del parent.children[self._child_key(node.key, 0)]
             if node.slot >= 0:
                 freed += int(size[node.slot])
                 registry.remove(node, compact=False)
             else:  # an inner node when the draw began: its key was never trimmed
-                freed += len(key)
+                freed += len(node.key)
             if not parent.children and parent is not root and parent not in gone:
                 registry.add(parent)
                 size = registry.size  # adding may grow the array
@@ -354,15 +352,17 @@ class RadixCache:
         self.total_tokens -= freed
         return freed
 
-    def trim_leaf(self, node: RadixNode, num_tokens: int) -> None:
-        """Drop ``num_tokens`` (whole pages) from the tail of an unlocked leaf."""
+    def trim_leaf(self, node: RadixNode, num_tokens: int) -> int:
+        """Drop ``num_tokens`` (whole pages) from the tail of an unlocked leaf, all of it if it
+        holds no more; returns the tokens dropped."""
         if node.slot < 0 or node.lock_ref > 0 or num_tokens % self.page_size:
             raise RuntimeError(f"cannot trim {num_tokens} tokens from {node!r}")
         if num_tokens >= self.leaf_size(node):
-            self.delete_leaf(node)
-        elif num_tokens > 0:
+            return self.delete_leaf(node)
+        if num_tokens > 0:
             self.leaves.size[node.slot] -= num_tokens
             self.total_tokens -= num_tokens
+        return num_tokens
 
     def cut_tails(self, slots: np.ndarray, tokens: np.ndarray, total: int | None = None) -> int:
         """Cut ``tokens[i]`` (whole pages, fewer than the leaf holds; 0 is allowed) off the
@@ -379,15 +379,7 @@ class RadixCache:
         The plan's leaves are unlocked and trimmed by whole pages; a leaf dropped whole comes
         before its parent.
         """
-        deleted = trimmed = 0
-        size = self.leaves.size
-        for node, tokens in plan:
-            if tokens >= size[node.slot]:
-                deleted += self.delete_leaf(node)
-            else:
-                self.trim_leaf(node, tokens)
-                trimmed += tokens
-        return deleted + trimmed
+        return sum(self.trim_leaf(node, tokens) for node, tokens in plan)
 
     def _iter_nodes(self) -> Iterator[RadixNode]:
         """Every node, root first; leaves are settled on the way."""

@@ -217,8 +217,7 @@ class RLTEviction:
         joined = label_nodes[k:]
         for node, taken, size in zip(joined, counts[k:].tolist(), joined_pages, strict=True):
             if 0 < taken < size:
-                freed += taken * page
-                cache.trim_leaf(node, taken * page)
+                freed += cache.trim_leaf(node, taken * page)
         return freed
 
     def _parent_joins_tracker(self) -> Callable[[RadixNode], tuple[RadixNode, int] | None]:
