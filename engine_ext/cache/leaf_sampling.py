@@ -138,13 +138,17 @@ def draw_leaf_counts(
     pages = np.asarray(pages, dtype=np.int64)
     if need <= 0 or len(pages) == 0:
         return np.zeros(len(pages), dtype=np.int64), []
-    chosen = method or _choose(pages, need, max_rounds)
+    smallest = int(pages.min())
+    chosen = method or _choose(pages, need, max_rounds, smallest)
     if chosen not in METHODS:
         raise ValueError(f"unknown method {chosen!r}; known: {', '.join(METHODS)}")
     if first is None and method is None and chosen != "continuous":
         first = _draw_picks(gen, len(pages), need)
-        if (first[0] < pages).all():  # nobody empties: these picks are the whole draw
-            return first[0], []
+        counts = first[0]
+        # Nobody empties: these picks are the whole draw (checked on the largest count
+        # first: one call where every leaf holds more than any leaf got, the common case).
+        if need < smallest or int(counts.max()) < smallest or (counts < pages).all():
+            return counts, []
     state = _Rounds(pages, need, gen, parent_joins)
     if first is not None:
         state.cut_round(first)
@@ -162,17 +166,23 @@ def draw_leaf_counts(
     return state.finish()
 
 
-def _choose(remaining: np.ndarray | Sequence[int], need: int, max_rounds: int) -> str:
+def _choose(
+    remaining: np.ndarray | Sequence[int], need: int, max_rounds: int, smallest: int | None = None
+) -> str:
     """The cheapest exact path: rounds while few leaves can empty, else continuous time.
 
     Takes an array or, for a handful of leaves, a list (the same rule without numpy calls,
-    so that both make the same choice and hence the same draws)."""
+    so that both make the same choice and hence the same draws); ``smallest`` is its
+    minimum if the caller has it."""
     leaves = len(remaining)
-    smallest = min(remaining) if isinstance(remaining, list) else int(np.min(remaining))
+    if smallest is None:
+        smallest = min(remaining) if isinstance(remaining, list) else int(np.min(remaining))
     if need <= smallest:
         return "cut"  # no leaf can empty: one round is the whole draw
     if need <= smallest * max_rounds and leaves * 8 <= need:
         return "multinomial"
+    if smallest > _likely_bound(need, leaves):
+        return "cut"  # no leaf is likely to empty (``_likely_emptyings`` would count 0)
     if _likely_emptyings(remaining, need) <= max_rounds:
         return "cut"
     return "continuous"
@@ -291,11 +301,16 @@ def _draw_picks(
     return np.bincount(picks, minlength=leaves), picks
 
 
+def _likely_bound(need: int, leaves: int) -> float:
+    """Pages within ~3 standard deviations of a leaf's expected share of ``need`` picks."""
+    mean = need / leaves
+    return mean + 3.0 * math.sqrt(mean) + 1.0
+
+
 def _likely_emptyings(remaining: np.ndarray | Sequence[int], need: int) -> int:
     """Leaves whose size is within ~3 standard deviations of their expected share of picks
     (``need / leaves`` each, binomial): a cheap bound on how many rounds would be needed."""
-    mean = need / len(remaining)
-    bound = mean + 3.0 * math.sqrt(mean) + 1.0
+    bound = _likely_bound(need, len(remaining))
     if isinstance(remaining, list):
         return sum(1 for pages in remaining if pages <= bound)
     return int(np.count_nonzero(np.asarray(remaining) <= bound))
