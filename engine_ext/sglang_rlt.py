@@ -15,9 +15,22 @@ that offers what ``RLTEviction`` reads. What is SGLang-specific lives in this mo
   leaf, and candidates are sorted by it. That is the reference cache's order, which makes a
   seeded run reproducible and equal to the reference (``tests/engine_sglang``);
 - trimming: ``evict(n)`` drops whole pages from leaf tails. Emptied leaves go through
-  SGLang's own ``_delete_leaf`` and ``kv_events.record_remove``; trimmed leaves get a
-  shorter ``key``, ``value`` and hash list, and all freed KV indices (emptied leaves and
-  trimmed tails) go back to the pool in one ``free_segment`` call.
+  SGLang's own ``_delete_leaf`` and ``kv_events.record_remove``; all freed KV indices
+  (emptied leaves and trimmed tails) go back to the pool in one ``free_segment`` call, many
+  short tails gathered with one ``torch.cat`` and one index. A trimmed leaf's ``key``,
+  ``value`` and hash lists are cut when SGLang next reads one of them (deferred trims).
+
+Deferred trims. A small eviction spreads over nearly every leaf (1k tokens from a tree of
+~260 leaves: ~4 tokens each), and cutting a leaf costs a ``RadixKey`` and a tensor split,
+a few microseconds of Python and torch dispatch each, while SGLang's LRU drops ~4 whole
+leaves. So a trim only records the new length and turns the node into a
+``_PendingTrimNode``, a ``TreeNode`` subclass whose ``key``, ``value``, ``hash_value`` and
+``event_hash_value`` are properties: the first read or write of any of them cuts all four
+to the recorded length and turns the node back into a plain ``TreeNode``. Every SGLang code
+path reads nodes through those attributes (matching reads ``child.key``, locking
+``len(node.key)``, ``total_size`` every ``value``), so none can see the untrimmed state;
+most trimmed leaves are trimmed again or deleted before anything reads them. The tails'
+KV indices are freed at eviction time, as before.
 
 This is the only module of kvroute that imports SGLang or torch (the ``engine`` extra).
 """
@@ -33,6 +46,7 @@ from collections.abc import Iterable, Mapping
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import sglang
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
@@ -62,6 +76,60 @@ SEED_ENV_VAR = "KVROUTE_RLT_SEED"
 CONFIG_KEYS = ("seed", "log_every")
 _DEFAULT_LOG_EVERY = 1000
 _leaf_seq_of = attrgetter("rlt_leaf_seq")
+# Freeing trimmed tails: a slice per leaf costs ~3 us of torch dispatch; one concatenation
+# plus one index costs ~4 ns per token copied (all the leaves' values, then the tails). The
+# cheaper is taken (CPU figures of benchmarks/sglang_eviction.py).
+_SLICE_NS = 3_000
+_GATHER_NS_PER_TOKEN = 4
+
+
+def _cut_key(key: RadixKey, keep: int) -> RadixKey:
+    """``key[:keep]``: what ``RadixKey.__getitem__`` builds for it, without its checks."""
+    if key.is_bigram:
+        return key[:keep]
+    return RadixKey(key.token_ids[:keep], key.extra_key, cache_salt=key.cache_salt)
+
+
+def _settle(node: Any) -> None:
+    """Cut a ``_PendingTrimNode`` to its recorded length; it is a plain ``TreeNode`` again."""
+    state = node.__dict__
+    keep, page = state.pop("rlt_trim")
+    node.__class__ = TreeNode
+    state["key"] = _cut_key(state["key"], keep)
+    state["value"] = state["value"][:keep]  # a view of the node's own storage
+    for name in ("hash_value", "event_hash_value"):
+        if state[name] is not None:
+            state[name] = state[name][: keep // page]
+
+
+def _settling(name: str) -> property:
+    def read(node: Any) -> Any:
+        _settle(node)
+        return node.__dict__[name]
+
+    def write(node: Any, value: Any) -> None:
+        _settle(node)
+        node.__dict__[name] = value
+
+    return property(read, write, doc=f"``{name}``, cut to the pending trim on first use")
+
+
+class _PendingTrimNode(TreeNode):
+    """A leaf whose tail RLT freed and whose attributes are cut on first use (deferred
+    trims in the module docstring). Never constructed: a trim assigns ``__class__``; the
+    pending length and page size are ``rlt_trim`` in the instance dict."""
+
+    key = _settling("key")
+    value = _settling("value")
+    hash_value = _settling("hash_value")
+    event_hash_value = _settling("event_hash_value")
+
+
+def _leaf_size(node: Any) -> int:
+    """Tokens in a leaf, without cutting a pending trim."""
+    state = node.__dict__
+    trim = state.get("rlt_trim")
+    return int(trim[0]) if trim is not None else int(state["value"].numel())
 
 
 def check_sglang_version(version: str) -> None:
@@ -98,9 +166,9 @@ class _SGLangTree:
         return sorted(self.cache.evictable_leaves, key=_leaf_seq_of)
 
     def evictable_leaf_sizes(self) -> list[tuple[Any, int]]:
-        """The same leaves with their sizes in tokens, read from the value tensor (one
-        C call; a ``RadixKey``'s ``len`` is two Python calls, per leaf of every eviction)."""
-        return [(leaf, leaf.value.numel()) for leaf in self.evictable_leaves()]
+        """The same leaves with their sizes in tokens (a pending trim's length, else the
+        value tensor's: one C call, where a ``RadixKey``'s ``len`` is two Python calls)."""
+        return [(leaf, _leaf_size(leaf)) for leaf in self.evictable_leaves()]
 
     def drop_tails(self, plan: Iterable[tuple[Any, int]]) -> int:
         return self.cache._drop_tails(plan)
@@ -242,11 +310,12 @@ class RLTRadixCache(RadixCache):
         freed: list[Any] = []
         trimmed: list[tuple[Any, int, int]] = []
         for node, tokens in plan:
-            size = int(node.value.numel())
+            trim = node.__dict__.get("rlt_trim")  # _leaf_size, inlined: once per leaf
+            size = trim[0] if trim is not None else int(node.__dict__["value"].shape[0])
             if tokens < size:
                 trimmed.append((node, size - tokens, size))
                 continue
-            freed.append(node.value)
+            freed.append(node.value)  # (cuts a pending trim first)
             parent = node.parent
             self._delete_leaf(node)
             self.kv_events.record_remove(node)
@@ -263,32 +332,37 @@ class RLTRadixCache(RadixCache):
         return int(indices.numel())
 
     def _trim_leaves(self, trimmed: list[tuple[Any, int, int]]) -> list[Any]:
-        """Cut each (leaf, tokens to keep, its size): shorter key, value and hashes; return
-        the tails."""
+        """Record each (leaf, tokens to keep, its size) as a pending trim (the module
+        docstring); return the freed tails' KV indices, gathered in one step."""
         if self.kv_events.enabled:
             for node, keep, _size in trimmed:
                 self._record_tail_removed(node, keep)
         page = self.page_size
-        tails = []
-        dropped = 0
-        for node, keep, size in trimmed:
-            key = node.key
-            if key.is_bigram:
-                node.key = key[:keep]
-            else:  # what RadixKey.__getitem__ builds for [:keep], without its checks
-                node.key = RadixKey(key.token_ids[:keep], key.extra_key, cache_salt=key.cache_salt)
-            # Views of the node's own storage (compact since insert or split cloned it);
-            # heads cut from one buffer shared by many nodes would pin all their old values.
-            # One split for head and tail: each tensor slice is a few us of dispatch.
-            node.value, tail = node.value.split_with_sizes([keep, size - keep])
-            tails.append(tail)
-            dropped += size - keep
-            if node.hash_value is not None:
-                node.hash_value = node.hash_value[: keep // page]
-            if node.event_hash_value is not None:
-                node.event_hash_value = node.event_hash_value[: keep // page]
+        stored = []  # each leaf's value tensor as stored (longer if a trim is pending)
+        lengths = []
+        pending = _PendingTrimNode
+        for node, keep, _size in trimmed:
+            state = node.__dict__
+            value = state["value"]
+            stored.append(value)
+            lengths.append(value.shape[0])
+            state["rlt_trim"] = (keep, page)
+            node.__class__ = pending
+        keep, size = np.array([(k, n) for _node, k, n in trimmed], dtype=np.int64).T
+        length = np.array(lengths, dtype=np.int64)
+        tail = size - keep
+        dropped = int(tail.sum())
         self.evictable_size_ -= dropped
-        return tails
+        copied = int(length.sum()) + dropped
+        if len(stored) * _SLICE_NS <= copied * _GATHER_NS_PER_TOKEN:  # few, long leaves
+            return [v[k:n] for v, k, n in zip(stored, keep.tolist(), size.tolist(), strict=True)]
+        # Many short tails: concatenate the values once and take the tails with one index, a
+        # run of ``tail[i]`` positions from ``start[i]`` per leaf (one arange shifted per run).
+        start = np.cumsum(length) - length + keep
+        shift = np.repeat(start - (np.cumsum(tail) - tail), tail)
+        positions = torch.from_numpy(shift + np.arange(dropped, dtype=np.int64))
+        values = torch.cat(stored) if len(stored) > 1 else stored[0]
+        return [values[positions.to(values.device)]]
 
     def _record_tail_removed(self, node: Any, keep: int) -> None:
         """A ``BlockRemoved`` for the pages past ``keep``, hashed as SGLang stored them."""

@@ -124,32 +124,66 @@ def iter_nodes(cache: RadixCache) -> Iterator[Any]:
         stack.extend(node.children.values())
 
 
-def check_tree(cache: RadixCache, allocator: TrackingAllocator | None = None) -> None:
-    """Recount sizes, leaves, values and (for RLT) marks from the tree; raise on a mismatch."""
+def is_pending(node: Any) -> bool:
+    """An RLT leaf whose trim is recorded but not yet applied to its attributes."""
+    return "rlt_trim" in node.__dict__
+
+
+def key_and_value(node: Any, page: int) -> tuple[RadixKey, torch.Tensor]:
+    """A node's key and value as SGLang will read them, without applying a pending trim
+    (reading ``node.key`` would apply it: ``engine_ext.sglang_rlt``'s deferred trims)."""
+    state = node.__dict__
+    key, value = state["key"], state["value"]
+    if not is_pending(node):
+        return key, value
+    keep, trim_page = state["rlt_trim"]
+    assert type(node).__name__ == "_PendingTrimNode", "a trim is pending on a plain node"
+    assert trim_page == page, "a pending trim of another page size"
+    assert not node.children, "a pending trim on an inner node"
+    assert node.lock_ref == 0, "a pending trim on a locked node"
+    assert 0 < keep < len(key), f"pending trim to {keep} of {len(key)}"
+    assert keep % page == 0, f"pending trim to {keep}: not whole pages"
+    for name in ("hash_value", "event_hash_value"):
+        hashes = state[name]
+        assert hashes is None or len(hashes) >= keep // page, f"{name} shorter than the key"
+    return key[:keep], value[:keep]
+
+
+def check_tree(
+    cache: RadixCache, allocator: TrackingAllocator | None = None, *, settle: bool = True
+) -> None:
+    """Recount sizes, leaves, values and (for RLT) marks from the tree; raise on a mismatch.
+
+    ``settle=False`` reads pending RLT trims without applying them, so that the next
+    operations meet them as SGLang's code would; the default also calls SGLang's
+    ``total_size``, which reads (and so applies) every one."""
     total = protected = 0
     leaves: set[Any] = set()
     values: list[int] = []
     marked = 0
     page = cache.page_size
     for node in iter_nodes(cache):
-        n = len(node.key)
+        key, value = key_and_value(node, page)
+        n = len(key)
         assert n > 0, "an empty node"
         assert n % page == 0, f"node of {n} tokens with page size {page}"
-        assert int(node.value.shape[0]) == n, "key and value lengths differ"
-        assert node.parent.children[node.key.child_key(page)] is node, "child key drifted"
+        assert int(value.shape[0]) == n, "key and value lengths differ"
+        assert node.parent.children[key.child_key(page)] is node, "child key drifted"
         total += n
         if node.lock_ref > 0:
             protected += n
         elif not node.children:
             leaves.add(node)
-        values.extend(node.value.tolist())
-        if allocator is not None and node.value.device.type != torch.device(allocator.device).type:
-            raise AssertionError(f"a node's value moved to {node.value.device}")
+        values.extend(value.tolist())
+        if allocator is not None and value.device.type != torch.device(allocator.device).type:
+            raise AssertionError(f"a node's value moved to {value.device}")
         if isinstance(cache, RLTRadixCache) and cache.is_marked(node):
             marked += n
     assert cache.evictable_size() == total - protected, "evictable size drifted"
     assert cache.protected_size() == protected, "protected size drifted"
-    assert cache.total_size() == total
+    if settle:
+        assert cache.total_size() == total
+        assert not any(is_pending(node) for node in iter_nodes(cache))
     assert set(cache.evictable_leaves) == leaves, "evictable leaves drifted"
     assert len(values) == len(set(values)), "a KV slot is held by two nodes"
     if isinstance(cache, RLTRadixCache):

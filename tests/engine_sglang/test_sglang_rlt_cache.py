@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.events import BlockRemoved, BlockStored, KVCacheEventRecorder
+from sglang.srt.mem_cache.radix_cache import TreeNode
 from sglang_harness import (
     TrackingAllocator,
     Worker,
@@ -23,6 +24,7 @@ from sglang_harness import (
     shared_prefix_requests,
 )
 
+from engine_ext import sglang_rlt
 from engine_ext.sglang_rlt import RLTRadixCache
 
 
@@ -131,6 +133,61 @@ def test_pages_go_whole_from_the_tail() -> None:
     check_tree(cache, allocator)
 
 
+@pytest.mark.parametrize("tails", ["gathered", "sliced"])
+def test_a_pending_trim_is_applied_when_sglang_first_reads_the_leaf(
+    tails: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deferred trims: an evicted leaf keeps its old attributes until something reads one;
+    every SGLang path that does (match, split, insert, lock, delete) sees the cut leaf.
+    The freed tails are taken both ways (one index over all values, or a slice per leaf)."""
+    monkeypatch.setattr(sglang_rlt, "_SLICE_NS", 10**9 if tails == "gathered" else 0)
+    cache, allocator = rlt_cache(100, page_size=2, enable_kv_cache_events=True)
+    a = insert(cache, allocator, list(range(12)))
+    b = insert(cache, allocator, list(range(100, 112)))
+    c = insert(cache, allocator, list(range(200, 212)))
+    stored = {id(n): n.value.tolist() for n in (a, b, c)}
+    cache.kv_events.take()
+    cache.rlt.new_phase()
+    assert evict(cache, 12) == 12
+    assert all(type(n).__name__ == "_PendingTrimNode" for n in (a, b, c))
+    check_tree(cache, allocator, settle=False)
+    kept = {id(n): n.__dict__["rlt_trim"][0] for n in (a, b, c)}
+    assert sum(kept.values()) == 36 - 12
+    assert sorted(allocator.freed_log) == sorted(
+        i for n in (a, b, c) for i in stored[id(n)][kept[id(n)] :]
+    )
+    # A match that runs past a's kept part: SGLang reads a.key and gets the cut leaf.
+    hit = match(cache, list(range(12)))
+    assert hit.device_prefix_len == kept[id(a)]
+    assert cache.path_device_indices(hit.last_device_node).tolist() == stored[id(a)][: kept[id(a)]]
+    assert type(a) is TreeNode
+    assert len(a.key) == a.value.numel() == kept[id(a)]
+    assert len(a.hash_value) == kept[id(a)] // 2  # the KV events' hashes were cut too
+    # An insert that splits b inside its kept part and extends it; a lock on the new leaf.
+    split_at = kept[id(b)] - 2
+    leaf = insert(cache, allocator, [*range(100, 100 + split_at), 7, 7])
+    assert type(b) is TreeNode
+    assert len(b.key) == 2  # b is the lower half of the split
+    lock = cache.inc_lock_ref(leaf)
+    assert cache.path_device_indices(leaf).tolist()[:split_at] == stored[id(b)][:split_at]
+    cache.dec_lock_ref(leaf, lock.to_dec_params())
+    # c, the one unmarked leaf now, is trimmed again while pending, then emptied with the
+    # rest: each KV slot comes back once, and c's only from its recorded length down.
+    assert type(c).__name__ == "_PendingTrimNode"
+    freed_before = len(allocator.freed_log)
+    assert evict(cache, 2) == 2
+    assert c.__dict__["rlt_trim"][0] == kept[id(c)] - 2
+    assert allocator.freed_log[freed_before:] == stored[id(c)][kept[id(c)] - 2 : kept[id(c)]]
+    check_tree(cache, allocator, settle=False)
+    left = cache.evictable_size()
+    assert evict(cache, 1_000) == left
+    assert allocator.in_use == set()
+    events = cache.kv_events.take()
+    removed = sum(len(e.block_hashes) for e in events if isinstance(e, BlockRemoved))
+    assert removed == (36 + 2) // 2  # every page stored was reported removed once
+    check_tree(cache, allocator)
+
+
 def test_reset_flushes_tree_and_marks() -> None:
     cache, allocator = rlt_cache(50)
     worker = Worker(cache, allocator)
@@ -183,7 +240,7 @@ def test_random_sequences_keep_every_invariant(
         elif op == "evict":
             freed = evict(cache, arg)
             assert freed <= -(-arg // page_size) * page_size
-        check_tree(cache, allocator)
+        check_tree(cache, allocator, settle=False)  # the next op meets pending trims
         for node, _, path in locks:
             assert cache.path_device_indices(node).tolist() == path
     for node, receipt, _ in locks:
