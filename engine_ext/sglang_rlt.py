@@ -340,24 +340,25 @@ class RLTRadixCache(RadixCache):
         page = self.page_size
         stored = []  # each leaf's value tensor as stored (longer if a trim is pending)
         lengths = []
+        dropped = 0
         pending = _PendingTrimNode
-        for node, keep, _size in trimmed:
+        for node, keep, size in trimmed:
             state = node.__dict__
             value = state["value"]
             stored.append(value)
             lengths.append(value.shape[0])
+            dropped += size - keep
             state["rlt_trim"] = (keep, page)
             node.__class__ = pending
+        self.evictable_size_ -= dropped
+        copied = sum(lengths) + dropped
+        if len(stored) * _SLICE_NS <= copied * _GATHER_NS_PER_TOKEN:  # few, long leaves
+            return [v[k:n] for v, (_node, k, n) in zip(stored, trimmed, strict=True)]
+        # Many short tails: concatenate the values once and take the tails with one index, a
+        # run of ``tail[i]`` positions from ``start[i]`` per leaf (one arange shifted per run).
         keep, size = np.array([(k, n) for _node, k, n in trimmed], dtype=np.int64).T
         length = np.array(lengths, dtype=np.int64)
         tail = size - keep
-        dropped = int(tail.sum())
-        self.evictable_size_ -= dropped
-        copied = int(length.sum()) + dropped
-        if len(stored) * _SLICE_NS <= copied * _GATHER_NS_PER_TOKEN:  # few, long leaves
-            return [v[k:n] for v, k, n in zip(stored, keep.tolist(), size.tolist(), strict=True)]
-        # Many short tails: concatenate the values once and take the tails with one index, a
-        # run of ``tail[i]`` positions from ``start[i]`` per leaf (one arange shifted per run).
         start = np.cumsum(length) - length + keep
         shift = np.repeat(start - (np.cumsum(tail) - tail), tail)
         positions = torch.from_numpy(shift + np.arange(dropped, dtype=np.int64))

@@ -42,7 +42,7 @@ from typing import TypeVar
 
 import numpy as np
 
-__all__ = ["draw_first_round", "draw_leaf_counts", "draw_leaf_evictions"]
+__all__ = ["FEW_LEAVES", "draw_first_round", "draw_leaf_counts", "draw_leaf_evictions"]
 
 N = TypeVar("N", bound=Hashable)
 
@@ -57,6 +57,9 @@ _MAX_ROUNDS = 8
 # (O(picks)) from this many picks per leaf on; the order is drawn only if a leaf empties.
 _MULTINOMIAL_PICKS_PER_LEAF = 8
 # The continuous-time walk stops once the expected rings pass need + SD * sqrt(need) + RINGS.
+# Up to this many leaves, callers gather candidates and start the draw with Python lists
+# (``draw_first_round``): numpy's per-call cost outweighs its vector speed on so few.
+FEW_LEAVES = 32
 _STOP_MARGIN_SD = 4.0
 _STOP_MARGIN_RINGS = 8.0
 METHODS = ("multinomial", "cut", "continuous")
@@ -90,9 +93,19 @@ def draw_leaf_evictions(
         nodes.append(joined[0])
         return joined[1]
 
+    first = None
+    if len(candidates) <= FEW_LEAVES and method is None and max_rounds == _MAX_ROUNDS:
+        # A handful of leaves: the first round with Python lists (``draw_first_round``);
+        # the same draws as the array path, which goes on from them if a leaf empties.
+        page_list = [p for _, p in candidates]
+        first = draw_first_round(page_list, need, gen)
+        if first is not None:
+            taken = first[0].tolist()
+            if all(c < p for c, p in zip(taken, page_list, strict=True)):
+                return [(node, c) for node, c in zip(nodes, taken, strict=True) if c]
     pages = np.fromiter((p for _, p in candidates), dtype=np.int64, count=len(candidates))
     counts, emptied = draw_leaf_counts(
-        pages, need, gen, joins, max_rounds=max_rounds, method=method
+        pages, need, gen, joins, max_rounds=max_rounds, method=method, first=first
     )
     done = set(emptied)
     return [(nodes[i], int(counts[i])) for i in emptied] + [

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine_ext.cache.leaf_sampling import (
+    FEW_LEAVES,
     draw_first_round,
     draw_leaf_counts,
     draw_leaf_evictions,
@@ -38,11 +39,6 @@ if TYPE_CHECKING:
     from engine_ext.cache.radix import RadixCache
 
 __all__ = ["RLTEviction"]
-
-# Up to this many leaves, an eviction gathers its candidates with Python lists and, when no
-# leaf empties, draws with one numpy call; numpy's per-call cost outweighs its vector speed on
-# so few. The draws are those of the vectorised path (``draw_first_round``).
-_FEW_LEAVES = 32
 
 
 class RLTEviction:
@@ -163,7 +159,7 @@ class RLTEviction:
         need = -(-num_tokens // page)
         short = self._start_phase_if_due(need * page)
         drawn: tuple[np.ndarray, np.ndarray | None] | None = None
-        if registry.live <= _FEW_LEAVES:
+        if registry.live <= FEW_LEAVES:  # Python lists; the same draws (draw_first_round)
             cand, cand_pages = self._few_candidates(need * page, short)
             if not cand:
                 return 0

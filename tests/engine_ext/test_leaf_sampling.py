@@ -303,3 +303,24 @@ def test_the_cheapest_exact_path_is_chosen_from_the_sizes(
     sizes: list[int], need: int, expected: str
 ) -> None:
     assert _choose(np.asarray(sizes), need, 8) == expected
+
+
+@pytest.mark.parametrize("sizes", [SMALL, BIG], ids=["small", "big"])
+def test_few_leaves_start_with_python_lists_and_make_the_same_draws(
+    sizes: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up to ``FEW_LEAVES`` candidates the first round runs on lists; it consumes the
+    generator exactly as the array path does, so a seed gives the same plan either way
+    (with and without a leaf emptying in that round)."""
+    plans: dict[bool, list[list[tuple[str, int]]]] = {}
+    for few in (True, False):
+        monkeypatch.setattr(leaf_sampling, "FEW_LEAVES", 32 if few else -1)
+        gen = np.random.default_rng(5)
+        plans[few] = []
+        for need in [1, 2, 3, 5, 9, 13] * 40:
+            leaves, _ = small_tree(sizes)
+            plan = draw_leaf_evictions([(x, x.pages) for x in leaves], need, gen, joins_tracker())
+            plans[few].append([(node.name, pages) for node, pages in plan])
+    assert plans[True] == plans[False]
+    emptied = sum(any(p == sizes[n] for n, p in plan) for plan in plans[True])
+    assert 0 < emptied < len(plans[True])  # both outcomes of the first round occur

@@ -262,7 +262,7 @@ def test_few_leaf_and_vectorised_paths_make_the_same_draws(
     evictions = [int(n) for n in gen.integers(1, 60, size=12)]
     states = []
     for few in (True, False):
-        monkeypatch.setattr(rlt_module, "_FEW_LEAVES", 10_000 if few else -1)
+        monkeypatch.setattr(rlt_module, "FEW_LEAVES", 10_000 if few else -1)
         cache, _ = rlt_cache(2_000, seed=7)
         trace = []
         for i, n in enumerate(evictions):
