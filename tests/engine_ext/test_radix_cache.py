@@ -321,3 +321,28 @@ def test_drop_tails_deletes_emptied_leaves_then_their_parents_and_trims_the_rest
     assert cache.peek_prefix((1, 2, 3, 4)) == 0
     assert cache.peek_prefix((9, 9, 9)) == 2
     cache.check_invariants()
+
+
+@pytest.mark.parametrize("chains", [2, 20], ids=["few", "many"])  # leaves: below / above 16
+def test_delete_emptied_removes_chains_children_first_and_frees_exactly_them(
+    chains: int,
+) -> None:
+    """RLT's batch of emptied nodes: each chain's leaf, then its parent (which never joins
+    the leaf registry in between); other leaves and their sizes are untouched."""
+    cache = RadixCache(10_000, "rlt")
+    doomed = []
+    for c in range(chains):
+        upper = cache.insert((c, 1, 1)).node
+        lower = cache.insert((c, 1, 1, 2, 2, 2, 2)).node  # a child of ``upper``
+        doomed += [lower, upper]
+    kept = cache.insert((99, 5, 5, 5)).node
+    cache.trim_leaf(doomed[0], 2)  # a deferred trim: the size in the registry is the truth
+    before = cache.total_tokens
+    assert cache.delete_emptied(doomed) == before - 4
+    assert cache.total_tokens == 4
+    assert len(cache.leaves) == 1
+    assert list(cache.leaves) == [kept]
+    assert all(node.slot == -1 for node in doomed)
+    assert cache.peek_prefix((0, 1, 1)) == 0
+    assert cache.peek_prefix((99, 5, 5, 5)) == 4
+    cache.check_invariants()
