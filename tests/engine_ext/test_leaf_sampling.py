@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from scipy.stats import chi2_contingency
+from scipy.stats import chi2_contingency, gamma, kstest
 
 from engine_ext.cache import leaf_sampling
 from engine_ext.cache.leaf_sampling import _choose, draw_leaf_evictions
@@ -324,3 +324,14 @@ def test_few_leaves_start_with_python_lists_and_make_the_same_draws(
     assert plans[True] == plans[False]
     emptied = sum(any(p == sizes[n] for n, p in plan) for plan in plans[True])
     assert 0 < emptied < len(plans[True])  # both outcomes of the first round occur
+
+
+def test_parent_clocks_are_gamma_distributed_whether_drawn_alone_or_in_batches() -> None:
+    """``_GammaDraws``: the first draw of a size is a scalar call, later ones come from
+    batches; all of them together are Gamma(c, 1) (Kolmogorov-Smirnov, fixed seed)."""
+    draws = leaf_sampling._GammaDraws(np.random.default_rng(7))
+    for pages in (1, 3, 40):
+        values = [draws(pages) for _ in range(5_000)]
+        assert kstest(values, gamma(pages).cdf).pvalue > 1e-3, pages
+    firsts = [leaf_sampling._GammaDraws(np.random.default_rng(s))(3) for s in range(2_000)]
+    assert kstest(firsts, gamma(3).cdf).pvalue > 1e-3  # the scalar first draws alone
