@@ -16,9 +16,9 @@ that offers what ``RLTEviction`` reads. What is SGLang-specific lives in this mo
   seeded run reproducible and equal to the reference (``tests/engine_sglang``);
 - trimming: ``evict(n)`` drops whole pages from leaf tails. Emptied leaves go through
   SGLang's own ``_delete_leaf`` and ``kv_events.record_remove``; all freed KV indices
-  (emptied leaves and trimmed tails) go back to the pool in one ``free_segment`` call, many
-  short tails gathered with one ``torch.cat`` and one index. A trimmed leaf's ``key``,
-  ``value`` and hash lists are cut when SGLang next reads one of them (deferred trims).
+  (emptied leaves and trimmed tails) go back to the pool in one ``free_segment`` call. A
+  trimmed leaf's ``key``, ``value`` and hash lists are cut when SGLang next reads one of
+  them (deferred trims).
 
 Deferred trims. A small eviction spreads over nearly every leaf (1k tokens from a tree of
 ~260 leaves: ~4 tokens each), and cutting a leaf costs a ``RadixKey`` and a tensor split,
@@ -30,7 +30,8 @@ to the recorded length and turns the node back into a plain ``TreeNode``. Every 
 path reads nodes through those attributes (matching reads ``child.key``, locking
 ``len(node.key)``, ``total_size`` every ``value``), so none can see the untrimmed state;
 most trimmed leaves are trimmed again or deleted before anything reads them. The tails'
-KV indices are freed at eviction time, as before.
+KV indices are freed at eviction time, as before (``_tails``: a view per leaf, or for many
+short leaves one concatenation of their values and one index).
 
 This is the only module of kvroute that imports SGLang or torch (the ``engine`` extra).
 """
@@ -76,11 +77,10 @@ SEED_ENV_VAR = "KVROUTE_RLT_SEED"
 CONFIG_KEYS = ("seed", "log_every")
 _DEFAULT_LOG_EVERY = 1000
 _leaf_seq_of = attrgetter("rlt_leaf_seq")
-# Freeing trimmed tails: a slice per leaf costs ~3 us of torch dispatch; one concatenation
-# plus one index costs ~4 ns per token copied (all the leaves' values, then the tails). The
-# cheaper is taken (CPU figures of benchmarks/sglang_eviction.py).
-_SLICE_NS = 3_000
-_GATHER_NS_PER_TOKEN = 4
+# Freeing trimmed tails (``_tails``): a tensor view per leaf, or one concatenation plus one
+# index at about this much per token copied; the two break even on GSP's trees.
+_VIEW_NS = 3_000
+_COPY_NS = 12
 
 
 def _cut_key(key: RadixKey, keep: int) -> RadixKey:
@@ -123,6 +123,27 @@ class _PendingTrimNode(TreeNode):
     value = _settling("value")
     hash_value = _settling("hash_value")
     event_hash_value = _settling("event_hash_value")
+
+
+def _tails(stored: list[Any], keeps: list[int], sizes: list[int]) -> list[Any]:
+    """The KV indices ``stored[i][keeps[i]:sizes[i]]`` of every trimmed leaf, as few tensors.
+
+    A view per leaf costs ~1.3 us warm (more cold) of torch dispatch; concatenating all the
+    values and taking the tails with one index costs a few ns per token copied. Paired runs
+    of ``benchmarks/sglang_eviction.py``'s trees: the index is ~15% faster on chat trees
+    (~900 leaves of ~50 tokens), the same on GSP's (~260 of ~256), slower on a few long
+    documents. The estimate below picks the cheaper."""
+    lengths = [value.shape[0] for value in stored]
+    if len(stored) * _VIEW_NS >= (sum(lengths) + sum(sizes) - sum(keeps)) * _COPY_NS:
+        keep, size, length = (np.array(c, dtype=np.int64) for c in (keeps, sizes, lengths))
+        tail = size - keep
+        # A run of ``tail[i]`` positions from ``start[i]`` per leaf: one arange, shifted.
+        start = np.cumsum(length) - length + keep
+        shift = np.repeat(start - (np.cumsum(tail) - tail), tail)
+        positions = torch.from_numpy(shift + np.arange(len(shift), dtype=np.int64))
+        values = torch.cat(stored)
+        return [values[positions.to(values.device)]]
+    return [value[k:n] for value, k, n in zip(stored, keeps, sizes, strict=True)]
 
 
 def _leaf_size(node: Any) -> int:
@@ -302,27 +323,41 @@ class RLTRadixCache(RadixCache):
     def _drop_tails(self, plan: Iterable[tuple[Any, int]]) -> int:
         """Apply the sampler's plan: (unlocked leaf, tokens) with emptied leaves first.
 
-        Emptied leaves are deleted with SGLang's helpers, children before parents; trimmed
-        leaves lose whole pages from the tail. All freed KV indices go back in one
-        ``free_segment`` call (SGLang's LRU makes one per leaf).
+        Emptied leaves are deleted with SGLang's helpers, children before parents. A leaf
+        that keeps some tokens gets a pending trim (the module docstring): its tail's KV
+        indices are a view of its value, the cut of its attributes waits for their next use.
+        All freed KV indices go back in one ``free_segment`` call (SGLang's LRU makes one per
+        leaf). One pass over the plan: a small eviction touches every candidate leaf.
         """
-        root = self.root_node
+        root, page, pending = self.root_node, self.page_size, _PendingTrimNode
+        events = self.kv_events.enabled
         freed: list[Any] = []
-        trimmed: list[tuple[Any, int, int]] = []
+        stored: list[Any] = []  # trimmed leaves' values as stored (longer if a trim was
+        keeps: list[int] = []  # pending), what they keep, their sizes before this trim
+        sizes: list[int] = []
         for node, tokens in plan:
-            trim = node.__dict__.get("rlt_trim")  # _leaf_size, inlined: once per leaf
-            size = trim[0] if trim is not None else int(node.__dict__["value"].shape[0])
+            state = node.__dict__
+            trim = state.get("rlt_trim")  # _leaf_size, inlined: once per leaf
+            size = trim[0] if trim is not None else int(state["value"].shape[0])
             if tokens < size:
-                trimmed.append((node, size - tokens, size))
+                keep = size - tokens
+                if events:
+                    self._record_tail_removed(node, keep)  # (applies a pending trim first)
+                stored.append(state["value"])
+                keeps.append(keep)
+                sizes.append(size)
+                state["rlt_trim"] = (keep, page)
+                node.__class__ = pending
                 continue
-            freed.append(node.value)  # (cuts a pending trim first)
+            freed.append(node.value)  # (applies a pending trim first)
             parent = node.parent
             self._delete_leaf(node)
             self.kv_events.record_remove(node)
             if not parent.children and parent is not root:
                 parent.rlt_leaf_seq = self._take_leaf_seq()
-        if trimmed:
-            freed.extend(self._trim_leaves(trimmed))
+        if stored:
+            freed.extend(_tails(stored, keeps, sizes))
+            self.evictable_size_ -= sum(sizes) - sum(keeps)
         if not freed:
             return 0
         # Tree values are page-aligned copies of KV rows and every tail is whole pages, so
@@ -330,40 +365,6 @@ class RLTRadixCache(RadixCache):
         indices = torch.cat(freed) if len(freed) > 1 else freed[0]
         self.token_to_kv_pool_allocator.free_segment(indices, start_pos=0)
         return int(indices.numel())
-
-    def _trim_leaves(self, trimmed: list[tuple[Any, int, int]]) -> list[Any]:
-        """Record each (leaf, tokens to keep, its size) as a pending trim (the module
-        docstring); return the freed tails' KV indices, gathered in one step."""
-        if self.kv_events.enabled:
-            for node, keep, _size in trimmed:
-                self._record_tail_removed(node, keep)
-        page = self.page_size
-        stored = []  # each leaf's value tensor as stored (longer if a trim is pending)
-        lengths = []
-        dropped = 0
-        pending = _PendingTrimNode
-        for node, keep, size in trimmed:
-            state = node.__dict__
-            value = state["value"]
-            stored.append(value)
-            lengths.append(value.shape[0])
-            dropped += size - keep
-            state["rlt_trim"] = (keep, page)
-            node.__class__ = pending
-        self.evictable_size_ -= dropped
-        copied = sum(lengths) + dropped
-        if len(stored) * _SLICE_NS <= copied * _GATHER_NS_PER_TOKEN:  # few, long leaves
-            return [v[k:n] for v, (_node, k, n) in zip(stored, trimmed, strict=True)]
-        # Many short tails: concatenate the values once and take the tails with one index, a
-        # run of ``tail[i]`` positions from ``start[i]`` per leaf (one arange shifted per run).
-        keep, size = np.array([(k, n) for _node, k, n in trimmed], dtype=np.int64).T
-        length = np.array(lengths, dtype=np.int64)
-        tail = size - keep
-        start = np.cumsum(length) - length + keep
-        shift = np.repeat(start - (np.cumsum(tail) - tail), tail)
-        positions = torch.from_numpy(shift + np.arange(dropped, dtype=np.int64))
-        values = torch.cat(stored) if len(stored) > 1 else stored[0]
-        return [values[positions.to(values.device)]]
 
     def _record_tail_removed(self, node: Any, keep: int) -> None:
         """A ``BlockRemoved`` for the pages past ``keep``, hashed as SGLang stored them."""

@@ -133,14 +133,14 @@ def test_pages_go_whole_from_the_tail() -> None:
     check_tree(cache, allocator)
 
 
-@pytest.mark.parametrize("tails", ["gathered", "sliced"])
+@pytest.mark.parametrize("tails", ["gathered", "viewed"])
 def test_a_pending_trim_is_applied_when_sglang_first_reads_the_leaf(
     tails: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Deferred trims: an evicted leaf keeps its old attributes until something reads one;
     every SGLang path that does (match, split, insert, lock, delete) sees the cut leaf.
-    The freed tails are taken both ways (one index over all values, or a slice per leaf)."""
-    monkeypatch.setattr(sglang_rlt, "_SLICE_NS", 10**9 if tails == "gathered" else 0)
+    The freed tails are taken both ways (one index over all values, or a view per leaf)."""
+    monkeypatch.setattr(sglang_rlt, "_VIEW_NS", 10**9 if tails == "gathered" else 0)
     cache, allocator = rlt_cache(100, page_size=2, enable_kv_cache_events=True)
     a = insert(cache, allocator, list(range(12)))
     b = insert(cache, allocator, list(range(100, 112)))
