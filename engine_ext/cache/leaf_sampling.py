@@ -110,10 +110,12 @@ def draw_leaf_evictions(
     counts, emptied = draw_leaf_counts(
         pages, need, gen, joins, max_rounds=max_rounds, method=method, first=first
     )
+    taken = counts.tolist()
+    if not emptied:
+        return [(node, c) for node, c in zip(nodes, taken, strict=True) if c]
     done = set(emptied)
-    return [(nodes[i], int(counts[i])) for i in emptied] + [
-        (nodes[i], int(counts[i])) for i in np.flatnonzero(counts).tolist() if i not in done
-    ]
+    partial = [i for i, c in enumerate(taken) if c and i not in done]
+    return [(nodes[i], taken[i]) for i in emptied] + [(nodes[i], taken[i]) for i in partial]
 
 
 def draw_leaf_counts(
