@@ -131,8 +131,8 @@ def _tails(stored: list[Any], keeps: list[int], sizes: list[int]) -> list[Any]:
     A view per leaf costs ~1.3 us warm (more cold) of torch dispatch; concatenating all the
     values and taking the tails with one index costs a few ns per token copied. Paired runs
     of ``benchmarks/sglang_eviction.py``'s trees: the index is ~15% faster on chat trees
-    (~900 leaves of ~50 tokens), the same on GSP's (~260 of ~256), slower on a few long
-    documents. The estimate below picks the cheaper."""
+    (many leaves of ~50 tokens), the same on GSP's (~260 of ~256); on a few long documents
+    it would copy ~100k tokens for a dozen tails. The estimate below picks the cheaper."""
     lengths = [value.shape[0] for value in stored]
     if len(stored) * _VIEW_NS >= (sum(lengths) + sum(sizes) - sum(keeps)) * _COPY_NS:
         keep, size, length = (np.array(c, dtype=np.int64) for c in (keeps, sizes, lengths))

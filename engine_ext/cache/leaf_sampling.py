@@ -56,13 +56,13 @@ _MAX_ROUNDS = 8
 # A cut round draws its picks as counts (one multinomial, O(leaves)) instead of one by one
 # (O(picks)) from this many picks per leaf on; the order is drawn only if a leaf empties.
 _MULTINOMIAL_PICKS_PER_LEAF = 8
-# The continuous-time walk stops once the expected rings pass need + SD * sqrt(need) + RINGS.
 # Up to this many leaves, callers gather candidates and start the draw with Python lists
 # (``draw_first_round``): numpy's per-call cost outweighs its vector speed on so few.
 FEW_LEAVES = 32
 # Joining parents' Gamma clocks: drawn this many at a time per size after the first
 # (``_GammaDraws``).
 _GAMMA_BATCH = 16
+# The continuous-time walk stops once the expected rings pass need + SD * sqrt(need) + RINGS.
 _STOP_MARGIN_SD = 4.0
 _STOP_MARGIN_RINGS = 8.0
 METHODS = ("multinomial", "cut", "continuous")
