@@ -91,7 +91,8 @@ def eviction_row(
     target_ratio: float,
 ) -> dict[str, Any]:
     """One (shape, evict size) row: per policy the median ns per freed token, the median call
-    time, tokens freed; ``rlt`` over ``lru`` and whether it meets ``target_ratio``.
+    time, tokens freed; ``rlt`` over ``lru`` and whether it meets ``target_ratio``, and the
+    quartiles of the per-repetition (paired) ratios.
 
     ``samples[policy]`` holds ``ns`` (timed calls) and ``freed`` per repetition, and
     optionally ``wall_ns`` (wall time, when ``ns`` is CPU time).
@@ -112,4 +113,24 @@ def eviction_row(
     row["rlt_over_lru"] = ratio(rlt, lru)
     row["rlt_over_lru_text"] = format_ratio(rlt, lru)
     row["meets_target"] = "yes" if rlt <= target_ratio * lru else "no"
+    # The spread: repetition i times both policies on trees of one seed, back to back, so
+    # its ratio is one paired measurement; their quartiles show how firm the verdict is.
+    paired = [
+        (r_ns / r_freed) / (l_ns / l_freed)
+        for r_ns, r_freed, l_ns, l_freed in zip(
+            samples["rlt"]["ns"],
+            samples["rlt"]["freed"],
+            samples["lru"]["ns"],
+            samples["lru"]["freed"],
+            strict=True,
+        )
+        if r_freed and l_freed and l_ns
+    ]
+    if len(paired) >= 2:
+        low, _, high = statistics.quantiles(paired, n=4)
+        row["paired_ratio_quartiles"] = [round(low, 3), round(high, 3)]
+        row["paired_ratio_text"] = f"{low:.2f}-{high:.2f}x"
+    else:
+        row["paired_ratio_quartiles"] = None
+        row["paired_ratio_text"] = "n/a"
     return row

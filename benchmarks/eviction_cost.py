@@ -103,6 +103,7 @@ COLUMNS = (
     ("lru ns/token", "lru_ns_per_token", "{:.0f}"),
     ("rlt ns/token", "rlt_ns_per_token", "{:.0f}"),
     ("rlt/lru", "rlt_over_lru_text", "{}"),
+    ("paired IQR", "paired_ratio_text", "{}"),
     (f"<= {TARGET_RATIO:g}x", "meets_target", "{}"),
 )
 SHAPE_COLUMNS = (

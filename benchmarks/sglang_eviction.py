@@ -203,6 +203,7 @@ def columns(device: str) -> tuple[tuple[str, str, str], ...]:
         ("lru ns/token", "lru_ns_per_token", "{:.0f}"),
         ("rlt ns/token", "rlt_ns_per_token", "{:.0f}"),
         ("rlt/lru", "rlt_over_lru_text", "{}"),
+        ("paired IQR", "paired_ratio_text", "{}"),
         ("rlt <= lru", "meets_target", "{}"),
     )
 
