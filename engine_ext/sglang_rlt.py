@@ -125,8 +125,9 @@ class _PendingTrimNode(TreeNode):
     event_hash_value = _settling("event_hash_value")
 
 
-def _tails(stored: list[Any], keeps: list[int], sizes: list[int]) -> list[Any]:
-    """The KV indices ``stored[i][keeps[i]:sizes[i]]`` of every trimmed leaf, as few tensors.
+def _tails(stored: list[Any], keeps: list[int], sizes: list[int], dropped: int) -> list[Any]:
+    """The KV indices ``stored[i][keeps[i]:sizes[i]]`` of every trimmed leaf (``dropped`` of
+    them in all), as few tensors.
 
     A view per leaf costs ~1.3 us warm (more cold) of torch dispatch; concatenating all the
     values and taking the tails with one index costs a few ns per token copied. Paired runs
@@ -134,7 +135,7 @@ def _tails(stored: list[Any], keeps: list[int], sizes: list[int]) -> list[Any]:
     (many leaves of ~50 tokens), the same on GSP's (~260 of ~256); on a few long documents
     it would copy ~100k tokens for a dozen tails. The estimate below picks the cheaper."""
     lengths = [value.shape[0] for value in stored]
-    if len(stored) * _VIEW_NS >= (sum(lengths) + sum(sizes) - sum(keeps)) * _COPY_NS:
+    if len(stored) * _VIEW_NS >= (sum(lengths) + dropped) * _COPY_NS:
         keep, size, length = (np.array(c, dtype=np.int64) for c in (keeps, sizes, lengths))
         tail = size - keep
         # A run of ``tail[i]`` positions from ``start[i]`` per leaf: one arange, shifted.
@@ -335,17 +336,18 @@ class RLTRadixCache(RadixCache):
         stored: list[Any] = []  # trimmed leaves' values as stored (longer if a trim was
         keeps: list[int] = []  # pending), what they keep, their sizes before this trim
         sizes: list[int] = []
+        dropped = 0  # tokens trimmed off the leaves that stay
         for node, tokens in plan:
-            state = node.__dict__
-            trim = state.get("rlt_trim")  # _leaf_size, inlined: once per leaf
-            size = trim[0] if trim is not None else int(state["value"].shape[0])
+            size = _leaf_size(node)
             if tokens < size:
+                state = node.__dict__
                 keep = size - tokens
                 if events:
                     self._record_tail_removed(node, keep)  # (applies a pending trim first)
                 stored.append(state["value"])
                 keeps.append(keep)
                 sizes.append(size)
+                dropped += tokens
                 state["rlt_trim"] = (keep, page)
                 node.__class__ = pending
                 continue
@@ -356,8 +358,8 @@ class RLTRadixCache(RadixCache):
             if not parent.children and parent is not root:
                 parent.rlt_leaf_seq = self._take_leaf_seq()
         if stored:
-            freed.extend(_tails(stored, keeps, sizes))
-            self.evictable_size_ -= sum(sizes) - sum(keeps)
+            freed.extend(_tails(stored, keeps, sizes, dropped))
+            self.evictable_size_ -= dropped
         if not freed:
             return 0
         # Tree values are page-aligned copies of KV rows and every tail is whole pages, so

@@ -100,12 +100,9 @@ def draw_leaf_evictions(
     if len(candidates) <= FEW_LEAVES and method is None and max_rounds == _MAX_ROUNDS:
         # A handful of leaves: the first round with Python lists (``draw_first_round``);
         # the same draws as the array path, which goes on from them if a leaf empties.
-        page_list = [p for _, p in candidates]
-        first = draw_first_round(page_list, need, gen)
-        if first is not None:
-            taken = first[0].tolist()
-            if all(c < p for c, p in zip(taken, page_list, strict=True)):
-                return [(node, c) for node, c in zip(nodes, taken, strict=True) if c]
+        first, taken = draw_first_round([p for _, p in candidates], need, gen)
+        if taken is not None:
+            return [(node, c) for node, c in zip(nodes, taken, strict=True) if c]
     pages = np.fromiter((p for _, p in candidates), dtype=np.int64, count=len(candidates))
     counts, emptied = draw_leaf_counts(
         pages, need, gen, joins, max_rounds=max_rounds, method=method, first=first
@@ -298,14 +295,19 @@ class _Rounds:
 
 def draw_first_round(
     pages: list[int], need: int, gen: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray | None] | None:
+) -> tuple[tuple[np.ndarray, np.ndarray | None] | None, list[int] | None]:
     """The first cut round that ``draw_leaf_counts`` would draw for ``pages`` (a short
-    list), or None if it would not start with one. A caller that finds no leaf emptied in it
-    has the whole draw; otherwise it passes the round on (``first=``) and the draw goes on
-    from it, with the same random draws as if ``draw_leaf_counts`` had made them."""
+    list), or None if it would not start with one; and, if no leaf emptied in it, the pages
+    taken per leaf as a list: the whole draw. Otherwise the caller passes the round on
+    (``first=``) and the draw goes on from it, with the same random draws as if
+    ``draw_leaf_counts`` had made them."""
     if need <= 0 or not pages or _choose(pages, need, _MAX_ROUNDS) == "continuous":
-        return None
-    return _draw_picks(gen, len(pages), need)
+        return None, None
+    first = _draw_picks(gen, len(pages), need)
+    taken = first[0].tolist()
+    if all(c < p for c, p in zip(taken, pages, strict=True)):
+        return first, taken
+    return first, None
 
 
 def _draw_picks(

@@ -39,7 +39,6 @@ class RadixNode:
         self.mark_phase = -1
         self.node_id = node_id
         self.slot = -1
-        self.slot = -1
 
     def __len__(self) -> int:
         return len(self.key)

@@ -336,17 +336,15 @@ class RadixCache:
         registry, root, gone = self.leaves, self.root, set(nodes)
         leaves: list[RadixNode] = []  # in the registry: their sizes are read there, at once
         freed = 0
-        page_one = self.page_size == 1
         for node in nodes:
             parent = node.parent
             if node.lock_ref or node.children or parent is None:
                 raise RuntimeError(f"only unlocked leaves can be deleted: {node!r}")
-            key = node.key
-            del parent.children[key[0] if page_one else self._child_key(key, 0)]
+            del parent.children[self._child_key(node.key, 0)]
             if node.slot >= 0:
                 leaves.append(node)
             else:  # an inner node when the draw began: its key was never trimmed
-                freed += len(key)
+                freed += len(node.key)
             if not parent.children and parent is not root and parent not in gone:
                 registry.add(parent)
         freed += registry.remove_many(leaves)

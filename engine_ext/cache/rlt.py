@@ -163,16 +163,14 @@ class RLTEviction:
             cand, cand_pages = self._few_candidates(need * page, short)
             if not cand:
                 return 0
-            drawn = draw_first_round(cand_pages, need, self.gen)
-            if drawn is not None:
-                counts_list = drawn[0].tolist()
-                if all(c < p for c, p in zip(counts_list, cand_pages, strict=True)):
-                    size = registry.size
-                    for slot, c in zip(cand, counts_list, strict=True):
-                        if c:
-                            size[slot] -= c * page
-                    cache.total_tokens -= need * page
-                    return need * page
+            drawn, whole_draw = draw_first_round(cand_pages, need, self.gen)
+            if whole_draw is not None:  # no leaf emptied: trims only
+                size = registry.size
+                for slot, c in zip(cand, whole_draw, strict=True):
+                    if c:
+                        size[slot] -= c * page
+                cache.total_tokens -= need * page
+                return need * page
             # A leaf empties (or many will): the general path goes on from the same draws.
             slots = np.asarray(cand, dtype=np.int64)
             pages = np.asarray(cand_pages, dtype=np.int64)
