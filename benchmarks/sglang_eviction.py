@@ -26,6 +26,16 @@ work is done; the GPU machine is not shared, so wall time is fair there).
 Tree shapes (the same as ``benchmarks/eviction_cost.py``): ``gsp`` (groups of a ~1k-token
 shared prefix with 8 questions of ~256 tokens), ``chat`` (multi-turn conversations under a
 few system prompts, some forked), ``longdoc`` (a dozen ~8k-token documents).
+
+The gather floor. A small RLT eviction takes a few tokens off nearly every leaf, and each
+leaf's freed KV indices live in its own ``value`` tensor, so an RLT that keeps SGLang's tree
+must at least read every leaf it trims or deletes. The first ``FLOOR_REPEATS`` repetitions
+also time just that, cold, on fresh trees of the same seed: the leaves RLT's call touched
+(found by their leaf positions, ``rlt_leaf_seq``, which equal builds share), their KV
+indices gathered by whichever is cheaper, one ``torch.cat`` of their values or one tail view
+each, and one ``free_segment``; no draw, no ordering, no bookkeeping. Where that floor alone
+costs more per token than LRU's whole call (``floor/lru`` above 1x), no exact RLT over
+SGLang's tree meets ``rlt <= lru`` there, however its own steps are written.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ import time
 from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -47,7 +57,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import base_parser, write_json
+from _common import base_parser, format_ratio, ratio, write_json
 from _tree_shapes import SHAPES as TREE_SHAPES
 from _tree_shapes import KeyBuilder, eviction_row
 
@@ -60,6 +70,8 @@ EVICT_TOKENS = (1_000, 10_000, 50_000)
 TREE_TOKENS = 100_000
 TARGET_RATIO = 1.0
 SEED = 0
+FLOOR_REPEATS = 7  # each costs two more tree builds
+FLOOR_METHODS = ("cat", "views")
 
 Ids = list[int]
 
@@ -125,6 +137,12 @@ def build(
     return cache
 
 
+def rlt_tree(
+    keys: Sequence[Ids], capacity: int, seed: int, pool: str, device: str = "cpu"
+) -> RLTRadixCache:
+    return cast(RLTRadixCache, build(keys, "rlt", capacity, seed, pool, device))
+
+
 def tree_stats(keys: Sequence[Ids], pool: str, device: str = "cpu") -> dict[str, int]:
     cache = build(keys, "lru", 10 * TREE_TOKENS, SEED, pool, device)
     nodes, stack = 0, list(cache.root_node.children.values())
@@ -158,6 +176,58 @@ def timed_evict(cache: RadixCache, tokens: int, cuda: bool = False) -> tuple[int
     return cpu, wall, int(freed)
 
 
+def leaf_sizes_by_seq(cache: RLTRadixCache) -> dict[int, int]:
+    """Every node's size in tokens by its leaf position, ``rlt_leaf_seq`` (nodes that never
+    were a leaf share -1). Reading ``value`` applies pending trims: not before a timed call."""
+    sizes: dict[int, int] = {}
+    stack = list(cache.root_node.children.values())
+    while stack:
+        node = stack.pop()
+        sizes[node.rlt_leaf_seq] = int(node.value.shape[0])
+        stack.extend(node.children.values())
+    return sizes
+
+
+def touched(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
+    """Leaf positions an evict trimmed or deleted, with the tokens each keeps, from
+    ``leaf_sizes_by_seq`` before (on an equal tree) and after it."""
+    return {
+        seq: after.get(seq, 0)
+        for seq, size in before.items()
+        if seq >= 0 and after.get(seq, 0) < size
+    }
+
+
+def timed_gather(
+    cache: RLTRadixCache, keeps: dict[int, int], tokens: int, method: str, cuda: bool = False
+) -> int:
+    """The gather floor (module docstring) with one ``method`` on a fresh tree, for the
+    unlocked leaves at the positions ``keeps`` names (``touched``): CPU ns, or synchronized
+    wall ns with ``cuda``. Finding them reads each leaf's position, not its value.
+    ``views`` frees exactly the tails RLT freed; ``cat`` frees as many indices, the first of
+    the concatenation (a throwaway tree: only the cost counts)."""
+    leaves = [leaf for leaf in cache.evictable_leaves if leaf.rlt_leaf_seq in keeps]
+    kept = [keeps[leaf.rlt_leaf_seq] for leaf in leaves]
+    allocator = cache.token_to_kv_pool_allocator
+    gc.collect()
+    if cuda:
+        torch.cuda.synchronize()
+    gc.disable()
+    try:
+        wall, cpu = time.perf_counter_ns(), time.process_time_ns()
+        if method == "cat":
+            indices = torch.cat([leaf.value for leaf in leaves])[:tokens]
+        else:
+            indices = torch.cat([leaf.value[k:] for leaf, k in zip(leaves, kept, strict=True)])
+        allocator.free_segment(indices, start_pos=0)
+        if cuda:
+            torch.cuda.synchronize()
+        cpu, wall = time.process_time_ns() - cpu, time.perf_counter_ns() - wall
+    finally:
+        gc.enable()
+    return wall if cuda else cpu
+
+
 def check_sizes(cache: RadixCache, before: int, freed: int) -> None:
     """Outside the timed call: the tree lost exactly what evict reported."""
     if cache.total_size() != before - freed or cache.evictable_size() != before - freed:
@@ -171,6 +241,7 @@ def measure_point(
     ns on a GPU pool), ``cpu_ns`` and ``wall_ns`` both kept."""
     cuda = device != "cpu"
     samples = {p: {"ns": [], "cpu_ns": [], "wall_ns": [], "freed": []} for p in POLICIES}
+    samples["floor"] = {"ns": [], "freed": []}
     for rep in range(repeats):
         for policy in POLICIES if rep % 2 == 0 else POLICIES[::-1]:
             cache = build(keys, policy, capacity, seed=rep, pool=pool, device=device)
@@ -181,13 +252,29 @@ def measure_point(
             samples[policy]["cpu_ns"].append(cpu)
             samples[policy]["wall_ns"].append(wall)
             samples[policy]["freed"].append(freed)
+            if policy == "rlt" and rep < FLOOR_REPEATS:
+                keeps = touched(
+                    leaf_sizes_by_seq(rlt_tree(keys, capacity, rep, pool, device)),
+                    leaf_sizes_by_seq(cast(RLTRadixCache, cache)),
+                )
+                floor = min(
+                    timed_gather(rlt_tree(keys, capacity, rep, pool, device), keeps, freed, m, cuda)
+                    for m in FLOOR_METHODS
+                )
+                samples["floor"]["ns"].append(floor)
+                samples["floor"]["freed"].append(freed)
     return samples
 
 
 def summarize_point(
     shape: str, tokens: int, samples: dict[str, dict[str, list[int]]]
 ) -> dict[str, Any]:
-    return eviction_row(shape, tokens, samples, TARGET_RATIO)
+    """The row of ``eviction_row`` (``floor`` rides along as a third policy), and the gather
+    floor per token over LRU's whole call per token."""
+    row = eviction_row(shape, tokens, samples, TARGET_RATIO)
+    row["floor_over_lru"] = ratio(row["floor_ns_per_token"], row["lru_ns_per_token"])
+    row["floor_over_lru_text"] = format_ratio(row["floor_ns_per_token"], row["lru_ns_per_token"])
+    return row
 
 
 def columns(device: str) -> tuple[tuple[str, str, str], ...]:
@@ -205,6 +292,8 @@ def columns(device: str) -> tuple[tuple[str, str, str], ...]:
         ("rlt/lru", "rlt_over_lru_text", "{}"),
         ("paired IQR", "paired_ratio_text", "{}"),
         ("rlt <= lru", "meets_target", "{}"),
+        (f"floor {clock} ms", "floor_median_ms", "{:.2f}"),
+        ("floor/lru", "floor_over_lru_text", "{}"),
     )
 
 
@@ -275,9 +364,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(markdown_table(shapes, SHAPE_COLUMNS) + "\n")
     print(markdown_table(rows, columns(device)) + "\n")
     held = sum(1 for r in rows if r["meets_target"] == "yes")
+    beyond = sum(1 for r in rows if (r["floor_over_lru"] or 0) > TARGET_RATIO)
     print(
         f"rlt <= lru per evicted token at {held} of {len(rows)} points; "
-        f"median of {repeats} repeats per point; {wall_s:.1f} s wall"
+        f"median of {repeats} repeats per point; {wall_s:.1f} s wall\n"
+        f"the gather floor alone costs more per token than lru at {beyond} of {len(rows)} "
+        f"points (median of {min(repeats, FLOOR_REPEATS)} repeats)"
     )
     sys.stdout.flush()
     path = write_json(
@@ -293,6 +385,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "sglang_version": _sglang_version(),
             "torch_version": torch.__version__,
             "target_ratio": TARGET_RATIO,
+            "floor_repeats": min(repeats, FLOOR_REPEATS),
+            "floor_methods": list(FLOOR_METHODS),
             "wall_s": round(wall_s, 3),
             "shapes": shapes,
             "rows": rows,
