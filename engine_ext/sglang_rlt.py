@@ -93,7 +93,7 @@ def _cut_key(key: RadixKey, keep: int) -> RadixKey:
 def _settle(node: Any) -> None:
     """Cut a ``_PendingTrimNode`` to its recorded length; it is a plain ``TreeNode`` again."""
     state = node.__dict__
-    keep, page = state.pop("rlt_trim")
+    keep, page, _ = state.pop("rlt_trim")
     node.__class__ = TreeNode
     state["key"] = _cut_key(state["key"], keep)
     state["value"] = state["value"][:keep]  # a view of the node's own storage
@@ -117,7 +117,8 @@ def _settling(name: str) -> property:
 class _PendingTrimNode(TreeNode):
     """A leaf whose tail RLT freed and whose attributes are cut on first use (deferred
     trims in the module docstring). Never constructed: a trim assigns ``__class__``; the
-    pending length and page size are ``rlt_trim`` in the instance dict."""
+    pending length, page size and stored ``value``'s length are ``rlt_trim`` in the instance
+    dict."""
 
     key = _settling("key")
     value = _settling("value")
@@ -125,16 +126,17 @@ class _PendingTrimNode(TreeNode):
     event_hash_value = _settling("event_hash_value")
 
 
-def _tails(stored: list[Any], keeps: list[int], sizes: list[int], dropped: int) -> list[Any]:
+def _tails(
+    stored: list[Any], lengths: list[int], keeps: list[int], sizes: list[int], dropped: int
+) -> list[Any]:
     """The KV indices ``stored[i][keeps[i]:sizes[i]]`` of every trimmed leaf (``dropped`` of
-    them in all), as few tensors.
+    them in all), as few tensors; ``lengths[i]`` is ``len(stored[i])``.
 
     A view per leaf costs ~1.3 us warm (more cold) of torch dispatch; concatenating all the
     values and taking the tails with one index costs a few ns per token copied. Paired runs
     of ``benchmarks/sglang_eviction.py``'s trees: the index is ~15% faster on chat trees
     (many leaves of ~50 tokens), the same on GSP's (~260 of ~256); on a few long documents
     it would copy ~100k tokens for a dozen tails. The estimate below picks the cheaper."""
-    lengths = [value.shape[0] for value in stored]
     if len(stored) * _VIEW_NS >= (sum(lengths) + dropped) * _COPY_NS:
         keep, size, length = (np.array(c, dtype=np.int64) for c in (keeps, sizes, lengths))
         tail = size - keep
@@ -168,12 +170,13 @@ def check_sglang_version(version: str) -> None:
 class _SGLangTree:
     """What ``RLTEviction`` reads from a cache, served by SGLang's tree (duck-typed)."""
 
-    __slots__ = ("cache", "capacity_tokens", "page_size")
+    __slots__ = ("cache", "capacity_tokens", "page_size", "sizes")
 
     def __init__(self, cache: RLTRadixCache, capacity_tokens: int, page_size: int) -> None:
         self.cache = cache
         self.capacity_tokens = capacity_tokens
         self.page_size = page_size
+        self.sizes: dict[Any, int] = {}  # the last gather's leaf sizes, until its trims
 
     @property
     def root(self) -> Any:
@@ -189,11 +192,15 @@ class _SGLangTree:
 
     def evictable_leaf_sizes(self) -> list[tuple[Any, int]]:
         """The same leaves with their sizes in tokens (a pending trim's length, else the
-        value tensor's: one C call, where a ``RadixKey``'s ``len`` is two Python calls)."""
-        return [(leaf, _leaf_size(leaf)) for leaf in self.evictable_leaves()]
+        value tensor's: one C call, where a ``RadixKey``'s ``len`` is two Python calls).
+        Kept until ``drop_tails``, so that the trims do not read every leaf's size again."""
+        pairs = [(leaf, _leaf_size(leaf)) for leaf in self.evictable_leaves()]
+        self.sizes = dict(pairs)
+        return pairs
 
     def drop_tails(self, plan: Iterable[tuple[Any, int]]) -> int:
-        return self.cache._drop_tails(plan)
+        sizes, self.sizes = self.sizes, {}
+        return self.cache._drop_tails(plan, sizes)
 
 
 class RLTRadixCache(RadixCache):
@@ -321,7 +328,9 @@ class RLTRadixCache(RadixCache):
             )
         return EvictResult(num_tokens_evicted=freed)
 
-    def _drop_tails(self, plan: Iterable[tuple[Any, int]]) -> int:
+    def _drop_tails(
+        self, plan: Iterable[tuple[Any, int]], sizes_known: Mapping[Any, int] | None = None
+    ) -> int:
         """Apply the sampler's plan: (unlocked leaf, tokens) with emptied leaves first.
 
         Emptied leaves are deleted with SGLang's helpers, children before parents. A leaf
@@ -329,26 +338,35 @@ class RLTRadixCache(RadixCache):
         indices are a view of its value, the cut of its attributes waits for their next use.
         All freed KV indices go back in one ``free_segment`` call (SGLang's LRU makes one per
         leaf). One pass over the plan: a small eviction touches every candidate leaf.
+        ``sizes_known``: leaves' sizes read since the last change of the tree (the
+        candidates'); a leaf not in it (a parent that joined) is read here.
         """
         root, page, pending = self.root_node, self.page_size, _PendingTrimNode
         events = self.kv_events.enabled
         freed: list[Any] = []
+        known = sizes_known or {}
         stored: list[Any] = []  # trimmed leaves' values as stored (longer if a trim was
-        keeps: list[int] = []  # pending), what they keep, their sizes before this trim
+        lengths: list[int] = []  # pending) and their lengths, what they keep, their sizes
+        keeps: list[int] = []  # before this trim
         sizes: list[int] = []
         dropped = 0  # tokens trimmed off the leaves that stay
         for node, tokens in plan:
-            size = _leaf_size(node)
+            size = known.get(node)
+            if size is None:
+                size = _leaf_size(node)
             if tokens < size:
                 state = node.__dict__
                 keep = size - tokens
                 if events:
                     self._record_tail_removed(node, keep)  # (applies a pending trim first)
+                trim = state.get("rlt_trim")
+                length = size if trim is None else trim[2]
                 stored.append(state["value"])
+                lengths.append(length)
                 keeps.append(keep)
                 sizes.append(size)
                 dropped += tokens
-                state["rlt_trim"] = (keep, page)
+                state["rlt_trim"] = (keep, page, length)
                 node.__class__ = pending
                 continue
             freed.append(node.value)  # (applies a pending trim first)
@@ -358,7 +376,7 @@ class RLTRadixCache(RadixCache):
             if not parent.children and parent is not root:
                 parent.rlt_leaf_seq = self._take_leaf_seq()
         if stored:
-            freed.extend(_tails(stored, keeps, sizes, dropped))
+            freed.extend(_tails(stored, lengths, keeps, sizes, dropped))
             self.evictable_size_ -= dropped
         if not freed:
             return 0

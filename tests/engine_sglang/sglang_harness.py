@@ -136,7 +136,8 @@ def key_and_value(node: Any, page: int) -> tuple[RadixKey, torch.Tensor]:
     key, value = state["key"], state["value"]
     if not is_pending(node):
         return key, value
-    keep, trim_page = state["rlt_trim"]
+    keep, trim_page, stored = state["rlt_trim"]
+    assert stored == len(value) == len(key), "the trim's stored length is not the value's"
     assert type(node).__name__ == "_PendingTrimNode", "a trim is pending on a plain node"
     assert trim_page == page, "a pending trim of another page size"
     assert not node.children, "a pending trim on an inner node"
