@@ -158,22 +158,29 @@ def tree_stats(keys: Sequence[Ids], pool: str, device: str = "cpu") -> dict[str,
     }
 
 
-def timed_evict(cache: RadixCache, tokens: int, cuda: bool = False) -> tuple[int, int, int]:
-    """CPU ns and wall ns of one ``evict(tokens)`` call, and the tokens it freed; with
-    ``cuda`` the wall time runs from a synchronized start to the end of the queued work."""
+def timed(call: Callable[[], Any], cuda: bool = False) -> tuple[int, int, Any]:
+    """CPU ns and wall ns of ``call()``, run right after a collection with the collector
+    off, and what it returned; with ``cuda`` the wall time runs from a synchronized start to
+    the end of the queued work."""
     gc.collect()
     if cuda:
         torch.cuda.synchronize()
     gc.disable()
     try:
         wall, cpu = time.perf_counter_ns(), time.process_time_ns()
-        freed = cache.evict(EvictParams(num_tokens=tokens)).num_tokens_evicted
+        out = call()
         if cuda:
             torch.cuda.synchronize()
         cpu, wall = time.process_time_ns() - cpu, time.perf_counter_ns() - wall
     finally:
         gc.enable()
-    return cpu, wall, int(freed)
+    return cpu, wall, out
+
+
+def timed_evict(cache: RadixCache, tokens: int, cuda: bool = False) -> tuple[int, int, int]:
+    """CPU ns and wall ns of one ``evict(tokens)`` call, and the tokens it freed."""
+    cpu, wall, result = timed(lambda: cache.evict(EvictParams(num_tokens=tokens)), cuda)
+    return cpu, wall, int(result.num_tokens_evicted)
 
 
 def leaf_sizes_by_seq(cache: RLTRadixCache) -> dict[int, int]:
@@ -209,22 +216,15 @@ def timed_gather(
     leaves = [leaf for leaf in cache.evictable_leaves if leaf.rlt_leaf_seq in keeps]
     kept = [keeps[leaf.rlt_leaf_seq] for leaf in leaves]
     allocator = cache.token_to_kv_pool_allocator
-    gc.collect()
-    if cuda:
-        torch.cuda.synchronize()
-    gc.disable()
-    try:
-        wall, cpu = time.perf_counter_ns(), time.process_time_ns()
+
+    def gather() -> None:
         if method == "cat":
             indices = torch.cat([leaf.value for leaf in leaves])[:tokens]
         else:
             indices = torch.cat([leaf.value[k:] for leaf, k in zip(leaves, kept, strict=True)])
         allocator.free_segment(indices, start_pos=0)
-        if cuda:
-            torch.cuda.synchronize()
-        cpu, wall = time.process_time_ns() - cpu, time.perf_counter_ns() - wall
-    finally:
-        gc.enable()
+
+    cpu, wall, _ = timed(gather, cuda)
     return wall if cuda else cpu
 
 
