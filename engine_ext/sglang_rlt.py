@@ -77,9 +77,9 @@ SEED_ENV_VAR = "KVROUTE_RLT_SEED"
 CONFIG_KEYS = ("seed", "log_every")
 _DEFAULT_LOG_EVERY = 1000
 _leaf_seq_of = attrgetter("rlt_leaf_seq")
-# Freeing trimmed tails (``_tails``): a tensor view per leaf, or one concatenation plus one
-# index at about this much per token copied; the two break even on GSP's trees.
-_VIEW_NS = 3_000
+# Freeing trimmed tails (``_tails``): a tensor view per leaf (~4 us cold), or one
+# concatenation plus one index at about this much per token copied.
+_VIEW_NS = 4_000
 _COPY_NS = 12
 
 
@@ -136,8 +136,9 @@ def _tails(
     values and taking the tails with one ``index_select`` (on a CPU ~2.5x faster than
     indexing with ``values[positions]``) costs a few ns per token copied. Paired runs
     of ``benchmarks/sglang_eviction.py``'s trees: the index is ~15% faster on chat trees
-    (many leaves of ~50 tokens), the same on GSP's (~260 of ~256); on a few long documents
-    it would copy ~100k tokens for a dozen tails. The estimate below picks the cheaper."""
+    (many leaves of ~50 tokens), 6-12% on GSP's (~260 of ~256; 41 pairs each at 1k and 10k
+    tokens); on a few long documents it would copy ~100k tokens for a dozen tails. The
+    estimate below picks the cheaper."""
     if len(stored) * _VIEW_NS >= (sum(lengths) + dropped) * _COPY_NS:
         keep, size, length = (np.array(c, dtype=np.int64) for c in (keeps, sizes, lengths))
         tail = size - keep
