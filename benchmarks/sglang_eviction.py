@@ -29,13 +29,14 @@ few system prompts, some forked), ``longdoc`` (a dozen ~8k-token documents).
 
 The gather floor. A small RLT eviction takes a few tokens off nearly every leaf, and each
 leaf's freed KV indices live in its own ``value`` tensor, so an RLT that keeps SGLang's tree
-must at least read every leaf it trims or deletes. The first ``FLOOR_REPEATS`` repetitions
-also time just that, cold, on fresh trees of the same seed: the leaves RLT's call touched
-(found by their leaf positions, ``rlt_leaf_seq``, which equal builds share), their KV
-indices gathered by whichever is cheaper, one ``torch.cat`` of their values or one tail view
-each, and one ``free_segment``; no draw, no ordering, no bookkeeping. Where that floor alone
-costs more per token than LRU's whole call (``floor/lru`` above 1x), no exact RLT over
-SGLang's tree meets ``rlt <= lru`` there, however its own steps are written.
+must at least read every leaf it trims or deletes. The first ``--floor-repeats`` (default 7)
+repetitions also time just that, cold, on fresh trees of the same seed: the leaves RLT's
+call touched (found by their leaf positions, ``rlt_leaf_seq``, which equal builds share),
+their KV indices gathered by whichever is cheaper, one ``torch.cat`` of their values or one
+tail view each, and one ``free_segment``; no draw, no ordering, no bookkeeping. Where that
+floor alone costs more per token than LRU's whole call (``floor/lru`` above 1x), no exact RLT
+that takes the freed indices from SGLang's tree nodes meets ``rlt <= lru`` there, however
+its own steps are written.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ EVICT_TOKENS = (1_000, 10_000, 50_000)
 TREE_TOKENS = 100_000
 TARGET_RATIO = 1.0
 SEED = 0
-FLOOR_REPEATS = 7  # each costs two more tree builds
+FLOOR_REPEATS = 7  # each costs three more tree builds
 FLOOR_METHODS = ("cat", "views")
 
 Ids = list[int]
@@ -235,10 +236,17 @@ def check_sizes(cache: RadixCache, before: int, freed: int) -> None:
 
 
 def measure_point(
-    keys: Sequence[Ids], capacity: int, tokens: int, repeats: int, pool: str, device: str = "cpu"
+    keys: Sequence[Ids],
+    capacity: int,
+    tokens: int,
+    repeats: int,
+    pool: str,
+    device: str = "cpu",
+    floor_repeats: int = FLOOR_REPEATS,
 ) -> dict[str, dict[str, list[int]]]:
     """Samples per policy: ``ns`` is the figure (CPU ns on a CPU pool, synchronized wall
-    ns on a GPU pool), ``cpu_ns`` and ``wall_ns`` both kept."""
+    ns on a GPU pool), ``cpu_ns`` and ``wall_ns`` both kept; and the gather floor's ``ns``
+    in the first ``floor_repeats`` repetitions."""
     cuda = device != "cpu"
     samples = {p: {"ns": [], "cpu_ns": [], "wall_ns": [], "freed": []} for p in POLICIES}
     samples["floor"] = {"ns": [], "freed": []}
@@ -252,7 +260,7 @@ def measure_point(
             samples[policy]["cpu_ns"].append(cpu)
             samples[policy]["wall_ns"].append(wall)
             samples[policy]["freed"].append(freed)
-            if policy == "rlt" and rep < FLOOR_REPEATS:
+            if policy == "rlt" and rep < floor_repeats:
                 keeps = touched(
                     leaf_sizes_by_seq(rlt_tree(keys, capacity, rep, pool, device)),
                     leaf_sizes_by_seq(cast(RLTRadixCache, cache)),
@@ -321,6 +329,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = base_parser(NAME, __doc__)
     parser.add_argument("--repeats", type=int, default=None, help="default 21 (5 with --quick)")
     parser.add_argument(
+        "--floor-repeats",
+        type=int,
+        default=FLOOR_REPEATS,
+        help=f"repetitions that also time the gather floor (default {FLOOR_REPEATS}; >= 1)",
+    )
+    parser.add_argument(
         "--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES), help="tree shapes"
     )
     parser.add_argument(
@@ -335,6 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     repeats = args.repeats or (5 if args.quick else 21)
     if repeats < 1:
         parser.error("--repeats must be >= 1")
+    if args.floor_repeats < 1:
+        parser.error("--floor-repeats must be >= 1")
     device = args.device
     if device != "cpu":
         if not device.startswith("cuda"):
@@ -351,7 +367,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         capacity = stats["tokens"] + stats["tokens"] // 100  # a bit above: no eviction on build
         shapes.append({"shape": shape, **stats, "capacity_tokens": capacity})
         for tokens in EVICT_TOKENS:
-            samples = measure_point(keys, capacity, tokens, repeats, args.pool, device)
+            samples = measure_point(
+                keys, capacity, tokens, repeats, args.pool, device, args.floor_repeats
+            )
             rows.append(summarize_point(shape, tokens, samples))
     wall_s = time.perf_counter() - started
 
@@ -369,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"rlt <= lru per evicted token at {held} of {len(rows)} points; "
         f"median of {repeats} repeats per point; {wall_s:.1f} s wall\n"
         f"the gather floor alone costs more per token than lru at {beyond} of {len(rows)} "
-        f"points (median of {min(repeats, FLOOR_REPEATS)} repeats)"
+        f"points (median of {min(repeats, args.floor_repeats)} repeats)"
     )
     sys.stdout.flush()
     path = write_json(
@@ -385,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "sglang_version": _sglang_version(),
             "torch_version": torch.__version__,
             "target_ratio": TARGET_RATIO,
-            "floor_repeats": min(repeats, FLOOR_REPEATS),
+            "floor_repeats": min(repeats, args.floor_repeats),
             "floor_methods": list(FLOOR_METHODS),
             "wall_s": round(wall_s, 3),
             "shapes": shapes,

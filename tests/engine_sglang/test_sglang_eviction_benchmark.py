@@ -101,3 +101,10 @@ def test_an_unknown_device_or_no_gpu_is_a_usage_error(
         sglang_eviction.main(["--device", device, "--out", "/dev/null"])
     assert exit_info.value.code == 2
     assert "--device" in capsys.readouterr().err
+
+
+def test_a_floor_of_no_repeats_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        sglang_eviction.main(["--floor-repeats", "0", "--out", "/dev/null"])
+    assert exit_info.value.code == 2
+    assert "--floor-repeats must be >= 1" in capsys.readouterr().err
