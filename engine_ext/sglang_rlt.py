@@ -276,6 +276,7 @@ class RLTRadixCache(RadixCache):
         self.root_node.mark_phase = -1
         self.root_node.rlt_leaf_seq = -1
         self.rlt.reset()
+        self._tree.sizes = {}  # (empty unless an evict stopped between gather and trims)
 
     def _take_leaf_seq(self) -> int:
         self._next_leaf_seq += 1
