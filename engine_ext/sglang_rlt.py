@@ -331,9 +331,7 @@ class RLTRadixCache(RadixCache):
             )
         return EvictResult(num_tokens_evicted=freed)
 
-    def _drop_tails(
-        self, plan: Iterable[tuple[Any, int]], sizes_known: Mapping[Any, int] | None = None
-    ) -> int:
+    def _drop_tails(self, plan: Iterable[tuple[Any, int]], known: Mapping[Any, int]) -> int:
         """Apply the sampler's plan: (unlocked leaf, tokens) with emptied leaves first.
 
         Emptied leaves are deleted with SGLang's helpers, children before parents. A leaf
@@ -341,13 +339,12 @@ class RLTRadixCache(RadixCache):
         indices are a view of its value, the cut of its attributes waits for their next use.
         All freed KV indices go back in one ``free_segment`` call (SGLang's LRU makes one per
         leaf). One pass over the plan: a small eviction touches every candidate leaf.
-        ``sizes_known``: leaves' sizes read since the last change of the tree (the
-        candidates'); a leaf not in it (a parent that joined) is read here.
+        ``known``: leaves' sizes read since the last change of the tree (the candidates');
+        a leaf not in it (a parent that joined) is read here.
         """
         root, page, pending = self.root_node, self.page_size, _PendingTrimNode
         events = self.kv_events.enabled
         freed: list[Any] = []
-        known = sizes_known or {}
         stored: list[Any] = []  # trimmed leaves' values as stored (longer if a trim was
         lengths: list[int] = []  # pending) and their lengths, what they keep, their sizes
         keeps: list[int] = []  # before this trim
