@@ -15,9 +15,11 @@ before it. So:
    before that event;
 2. bisect over those event times, sampling every leaf's ring count with binomial bridges that
    stay consistent with the counts already drawn, until the target ring lies between two
-   consecutive events;
-3. inside that gap every ring is uniform and independent, so the first ``q`` of them are a
-   multivariate hypergeometric sample.
+   consecutive events, or the bracket holds few rings (a few thousand);
+3. given the counts at both ends of the bracket, every leaf's rings inside it are independent
+   and uniform on its part of it (but the last ring of a leaf that empties there, which sits
+   at its emptying time): with no emptying inside, the first ``q`` of them are a multivariate
+   hypergeometric sample; otherwise their times are drawn and the first ``q`` taken.
 
 When few leaves can empty (``need`` small against the leaves' sizes, the common case: a
 scheduler evicting for one request), cheaper exact rounds come first: until a leaf empties the
@@ -65,6 +67,9 @@ _GAMMA_BATCH = 16
 # The continuous-time walk stops once the expected rings pass need + SD * sqrt(need) + RINGS.
 _STOP_MARGIN_SD = 4.0
 _STOP_MARGIN_RINGS = 8.0
+# Bisection over the emptyings stops once the bracket holds this many rings or fewer; they
+# are then ordered by time directly (``_first_rings_in_gap``).
+_SORT_GAP_RINGS = 4096
 METHODS = ("multinomial", "cut", "continuous")
 
 
@@ -543,25 +548,60 @@ def _counts_at_target(
     ring falls exactly at ``t_hi``, or None when ``t_hi`` is not an emptying.
     """
     lo_i, hi_i = -1, len(event_times)
-    while hi_i - lo_i > 1:
+    lo_sum, hi_sum = int(lo_counts.sum()), int(hi_counts.sum())
+    while hi_i - lo_i > 1 and hi_sum - lo_sum > _SORT_GAP_RINGS:
         mid = (lo_i + hi_i) // 2
         t = event_times[mid]
         mid_counts = _bridge(start, end, size, t_lo, t_hi, lo_counts, hi_counts, t, gen)
-        if int(mid_counts.sum()) >= need:
-            hi_i, t_hi, hi_counts, hi_ring = mid, t, mid_counts, event_leaf[mid]
+        mid_sum = int(mid_counts.sum())
+        if mid_sum >= need:
+            hi_i, t_hi, hi_counts, hi_ring, hi_sum = mid, t, mid_counts, event_leaf[mid], mid_sum
         else:
-            lo_i, t_lo, lo_counts = mid, t, mid_counts
+            lo_i, t_lo, lo_counts, lo_sum = mid, t, mid_counts, mid_sum
 
-    wanted = need - int(lo_counts.sum())
-    in_gap = hi_counts - lo_counts
-    if wanted == int(in_gap.sum()):
+    wanted = need - lo_sum
+    if wanted == hi_sum - lo_sum:
         return hi_counts
+    if hi_i - lo_i > 1:  # leaves empty inside the gap: order its few rings by time
+        return _first_rings_in_gap(start, end, t_lo, lo_counts, t_hi, hi_counts, wanted, gen)
+    in_gap = hi_counts - lo_counts
     # No leaf empties inside the gap, so its rings are uniformly ordered, except a ring at
     # t_hi itself (an emptying), which is the gap's last: the first `wanted` of the others
     # are a hypergeometric sample.
     if hi_ring is not None:
         in_gap[hi_ring] -= 1
     return lo_counts + gen.multivariate_hypergeometric(in_gap, wanted)
+
+
+def _first_rings_in_gap(
+    start: np.ndarray,
+    end: np.ndarray,
+    t_lo: float,
+    lo_counts: np.ndarray,
+    t_hi: float,
+    hi_counts: np.ndarray,
+    wanted: int,
+    gen: np.random.Generator,
+) -> np.ndarray:
+    """Ring counts per leaf after the first ``wanted`` rings between ``t_lo`` and ``t_hi``,
+    given the counts at both ends: step 3 for a gap in which leaves empty.
+
+    Given both counts, a leaf's rings in the gap are independent uniform times on its part
+    of the gap (``max(start, t_lo)`` to ``min(end, t_hi)``), except the last ring of a leaf
+    that empties inside, which sits at its ``end``. Drawing those times and taking the first
+    ``wanted`` replaces the bisection over the emptyings (a bridge sample each) once the gap
+    holds few rings (``_SORT_GAP_RINGS``).
+    """
+    last = (end > t_lo) & (end <= t_hi)  # these leaves' final ring is in the gap, at `end`
+    lower = np.maximum(start, t_lo)
+    span = np.minimum(end, t_hi) - lower
+    labels = np.repeat(np.arange(len(lo_counts)), hi_counts - lo_counts - last)
+    times = lower[labels] + span[labels] * gen.random(len(labels))
+    finals = np.flatnonzero(last)
+    labels = np.concatenate((labels, finals))
+    times = np.concatenate((times, end[finals]))
+    first = labels[np.argpartition(times, wanted - 1)[:wanted]]
+    return lo_counts + np.bincount(first, minlength=len(lo_counts))
 
 
 def _bridge(

@@ -172,6 +172,11 @@ def test_batched_sampler_matches_the_per_page_definition(
         (BIG, 14, "continuous", {"_STOP_MARGIN_SD": 1.0, "_STOP_MARGIN_RINGS": 0.0}),
         # A narrow margin: the probe below the target often lands above it (bisect below).
         (BIG, 14, "continuous", {"_STOP_MARGIN_SD": 0.3, "_STOP_MARGIN_RINGS": 0.0}),
+        # Bisection over the emptyings down to a gap with none, then a hypergeometric draw
+        # (by default a gap this small has its rings ordered by time at once).
+        (SMALL, 9, "continuous", {"_SORT_GAP_RINGS": 0}),
+        (BIG, 18, "continuous", {"_SORT_GAP_RINGS": 0}),
+        (BIG, 14, "continuous", {"_SORT_GAP_RINGS": 0, "_STOP_MARGIN_SD": 0.3}),
         # Cut rounds that draw their picks as counts, and their order only if a leaf empties.
         (SMALL, 5, "cut", {"_MULTINOMIAL_PICKS_PER_LEAF": 0}),
         (BIG, 12, None, {"_MULTINOMIAL_PICKS_PER_LEAF": 0}),
@@ -181,6 +186,9 @@ def test_batched_sampler_matches_the_per_page_definition(
         "big-18-stop",
         "big-14-stop",
         "big-14-narrow-stop",
+        "small-9-bisect",
+        "big-18-bisect",
+        "big-14-narrow-bisect",
         "small-5-counts",
         "big-12-counts",
     ],
