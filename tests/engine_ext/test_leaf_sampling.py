@@ -177,6 +177,8 @@ def test_batched_sampler_matches_the_per_page_definition(
         (SMALL, 9, "continuous", {"_SORT_GAP_RINGS": 0}),
         (BIG, 18, "continuous", {"_SORT_GAP_RINGS": 0}),
         (BIG, 14, "continuous", {"_SORT_GAP_RINGS": 0, "_STOP_MARGIN_SD": 0.3}),
+        # Bisection until the span holds at most 3 rings, then their times (both, mostly).
+        (BIG, 18, "continuous", {"_SORT_GAP_RINGS": 3}),
         # Cut rounds that draw their picks as counts, and their order only if a leaf empties.
         (SMALL, 5, "cut", {"_MULTINOMIAL_PICKS_PER_LEAF": 0}),
         (BIG, 12, None, {"_MULTINOMIAL_PICKS_PER_LEAF": 0}),
@@ -189,6 +191,7 @@ def test_batched_sampler_matches_the_per_page_definition(
         "small-9-bisect",
         "big-18-bisect",
         "big-14-narrow-bisect",
+        "big-18-bisect-then-sort",
         "small-5-counts",
         "big-12-counts",
     ],
