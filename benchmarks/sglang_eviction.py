@@ -27,27 +27,29 @@ Tree shapes (the same as ``benchmarks/eviction_cost.py``): ``gsp`` (groups of a 
 shared prefix with 8 questions of ~256 tokens), ``chat`` (multi-turn conversations under a
 few system prompts, some forked), ``longdoc`` (a dozen ~8k-token documents).
 
-The gather floor. A small RLT eviction takes a few tokens off nearly every leaf, and each
-leaf's freed KV indices live in its own ``value`` tensor, so an RLT that keeps SGLang's tree
-must at least read every leaf it trims or deletes. The first ``--floor-repeats`` (default 7)
-repetitions also time just that, cold, on fresh trees of the same seed: the leaves RLT's
-call touched (found by their leaf positions, ``rlt_leaf_seq``, which equal builds share),
-their KV indices gathered by whichever is cheaper, one ``torch.cat`` of their values or one
-tail view each, and one ``free_segment``; no draw, no ordering, no bookkeeping. Where that
-floor alone costs more per token than LRU's whole call (``floor/lru`` above 1x), no exact RLT
-that takes the freed indices from SGLang's tree nodes meets ``rlt <= lru`` there, however
-its own steps are written.
+The pool floor. Every eviction gives the KV indices it frees back to the pool, at least in
+one ``free_segment`` call (SGLang's LRU makes one per leaf, RLT one per ``evict``). The first
+``--floor-repeats`` (default 7) repetitions also time that call alone, cold, on a fresh tree of
+the same seed: one ``free_segment`` of as many of the tree's KV indices as RLT freed (a
+throwaway tree: only the cost counts). Where that floor alone costs more per token than LRU's
+whole call (``floor/lru`` above 1x), no eviction that frees exactly what is asked meets
+``rlt <= lru`` there, however its own steps are written.
+
+Tree building. Every build is timed too (CPU time of its matches, allocations and inserts):
+the ``rlt`` backend marks paths and keeps its leaf registry and arena up to date on every
+match and insert, and the second table compares that with SGLang's own tree per request.
 """
 
 from __future__ import annotations
 
 import gc
+import statistics
 import sys
 import time
 from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,8 +73,7 @@ EVICT_TOKENS = (1_000, 10_000, 50_000)
 TREE_TOKENS = 100_000
 TARGET_RATIO = 1.0
 SEED = 0
-FLOOR_REPEATS = 7  # each costs three more tree builds
-FLOOR_METHODS = ("cat", "views")
+FLOOR_REPEATS = 7  # each costs one more tree build
 
 Ids = list[int]
 
@@ -138,12 +139,6 @@ def build(
     return cache
 
 
-def rlt_tree(
-    keys: Sequence[Ids], capacity: int, seed: int, pool: str, device: str = "cpu"
-) -> RLTRadixCache:
-    return cast(RLTRadixCache, build(keys, "rlt", capacity, seed, pool, device))
-
-
 def tree_stats(keys: Sequence[Ids], pool: str, device: str = "cpu") -> dict[str, int]:
     cache = build(keys, "lru", 10 * TREE_TOKENS, SEED, pool, device)
     nodes, stack = 0, list(cache.root_node.children.values())
@@ -184,48 +179,13 @@ def timed_evict(cache: RadixCache, tokens: int, cuda: bool = False) -> tuple[int
     return cpu, wall, int(result.num_tokens_evicted)
 
 
-def leaf_sizes_by_seq(cache: RLTRadixCache) -> dict[int, int]:
-    """Every node's size in tokens by its leaf position, ``rlt_leaf_seq`` (nodes that never
-    were a leaf share -1). Reading ``value`` applies pending trims: not before a timed call."""
-    sizes: dict[int, int] = {}
-    stack = list(cache.root_node.children.values())
-    while stack:
-        node = stack.pop()
-        sizes[node.rlt_leaf_seq] = int(node.value.shape[0])
-        stack.extend(node.children.values())
-    return sizes
-
-
-def touched(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
-    """Leaf positions an evict trimmed or deleted, with the tokens each keeps, from
-    ``leaf_sizes_by_seq`` before (on an equal tree) and after it."""
-    return {
-        seq: after.get(seq, 0)
-        for seq, size in before.items()
-        if seq >= 0 and after.get(seq, 0) < size
-    }
-
-
-def timed_gather(
-    cache: RLTRadixCache, keeps: dict[int, int], tokens: int, method: str, cuda: bool = False
-) -> int:
-    """The gather floor (module docstring) with one ``method`` on a fresh tree, for the
-    unlocked leaves at the positions ``keeps`` names (``touched``): CPU ns, or synchronized
-    wall ns with ``cuda``. Finding them reads each leaf's position, not its value.
-    ``views`` frees exactly the tails RLT freed; ``cat`` frees as many indices, the first of
-    the concatenation (a throwaway tree: only the cost counts)."""
-    leaves = [leaf for leaf in cache.evictable_leaves if leaf.rlt_leaf_seq in keeps]
-    kept = [keeps[leaf.rlt_leaf_seq] for leaf in leaves]
+def timed_free(cache: RadixCache, tokens: int, cuda: bool = False) -> int:
+    """The pool floor (module docstring) on a fresh tree: one ``free_segment`` of ``tokens``
+    of its KV indices, taken before the timed call: CPU ns, or synchronized wall ns with
+    ``cuda``."""
+    indices = cache.all_values_flatten()[:tokens].clone()
     allocator = cache.token_to_kv_pool_allocator
-
-    def gather() -> None:
-        if method == "cat":
-            indices = torch.cat([leaf.value for leaf in leaves])[:tokens]
-        else:
-            indices = torch.cat([leaf.value[k:] for leaf, k in zip(leaves, kept, strict=True)])
-        allocator.free_segment(indices, start_pos=0)
-
-    cpu, wall, _ = timed(gather, cuda)
+    cpu, wall, _ = timed(lambda: allocator.free_segment(indices, start_pos=0), cuda)
     return wall if cuda else cpu
 
 
@@ -245,14 +205,19 @@ def measure_point(
     floor_repeats: int = FLOOR_REPEATS,
 ) -> dict[str, dict[str, list[int]]]:
     """Samples per policy: ``ns`` is the figure (CPU ns on a CPU pool, synchronized wall
-    ns on a GPU pool), ``cpu_ns`` and ``wall_ns`` both kept; and the gather floor's ``ns``
-    in the first ``floor_repeats`` repetitions."""
+    ns on a GPU pool), ``cpu_ns`` and ``wall_ns`` both kept, and ``build_ns`` (CPU ns of
+    the build before); and the pool floor's ``ns`` in the first ``floor_repeats``
+    repetitions."""
     cuda = device != "cpu"
-    samples = {p: {"ns": [], "cpu_ns": [], "wall_ns": [], "freed": []} for p in POLICIES}
+    samples = {
+        p: {"ns": [], "cpu_ns": [], "wall_ns": [], "freed": [], "build_ns": []} for p in POLICIES
+    }
     samples["floor"] = {"ns": [], "freed": []}
     for rep in range(repeats):
         for policy in POLICIES if rep % 2 == 0 else POLICIES[::-1]:
+            started = time.process_time_ns()
             cache = build(keys, policy, capacity, seed=rep, pool=pool, device=device)
+            samples[policy]["build_ns"].append(time.process_time_ns() - started)
             before = cache.total_size()
             cpu, wall, freed = timed_evict(cache, tokens, cuda)
             check_sizes(cache, before, freed)
@@ -261,15 +226,8 @@ def measure_point(
             samples[policy]["wall_ns"].append(wall)
             samples[policy]["freed"].append(freed)
             if policy == "rlt" and rep < floor_repeats:
-                keeps = touched(
-                    leaf_sizes_by_seq(rlt_tree(keys, capacity, rep, pool, device)),
-                    leaf_sizes_by_seq(cast(RLTRadixCache, cache)),
-                )
-                floor = min(
-                    timed_gather(rlt_tree(keys, capacity, rep, pool, device), keeps, freed, m, cuda)
-                    for m in FLOOR_METHODS
-                )
-                samples["floor"]["ns"].append(floor)
+                fresh = build(keys, "rlt", capacity, seed=rep, pool=pool, device=device)
+                samples["floor"]["ns"].append(timed_free(fresh, freed, cuda))
                 samples["floor"]["freed"].append(freed)
     return samples
 
@@ -277,7 +235,7 @@ def measure_point(
 def summarize_point(
     shape: str, tokens: int, samples: dict[str, dict[str, list[int]]]
 ) -> dict[str, Any]:
-    """The row of ``eviction_row`` (``floor`` rides along as a third policy), and the gather
+    """The row of ``eviction_row`` (``floor`` rides along as a third policy), and the pool
     floor per token over LRU's whole call per token."""
     row = eviction_row(shape, tokens, samples, TARGET_RATIO)
     row["floor_over_lru"] = ratio(row["floor_ns_per_token"], row["lru_ns_per_token"])
@@ -305,6 +263,28 @@ def columns(device: str) -> tuple[tuple[str, str, str], ...]:
     )
 
 
+def build_row(shape: str, inserts: int, build_ns: dict[str, list[int]]) -> dict[str, Any]:
+    """Per request CPU us of the builds of one shape, per policy, and the paired ratio
+    (builds of one repetition are back to back)."""
+    row: dict[str, Any] = {"shape": shape, "inserts": inserts, "builds": len(build_ns["rlt"])}
+    for policy in POLICIES:
+        row[f"{policy}_us_per_request"] = round(
+            statistics.median(build_ns[policy]) / 1e3 / inserts, 1
+        )
+    paired = [r / lru for r, lru in zip(build_ns["rlt"], build_ns["lru"], strict=True)]
+    row["rlt_over_lru"] = round(statistics.median(paired), 3)
+    row["rlt_over_lru_text"] = f"{statistics.median(paired):.2f}x"
+    return row
+
+
+BUILD_COLUMNS = (
+    ("shape", "shape", "{}"),
+    ("requests", "inserts", "{:,}"),
+    ("builds", "builds", "{:,}"),
+    ("lru us/request", "lru_us_per_request", "{:.0f}"),
+    ("rlt us/request", "rlt_us_per_request", "{:.0f}"),
+    ("rlt/lru (paired median)", "rlt_over_lru_text", "{}"),
+)
 SHAPE_COLUMNS = (
     ("shape", "shape", "{}"),
     ("tokens", "tokens", "{:,}"),
@@ -332,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--floor-repeats",
         type=int,
         default=FLOOR_REPEATS,
-        help=f"repetitions that also time the gather floor (default {FLOOR_REPEATS}; >= 1)",
+        help=f"repetitions that also time the pool floor (default {FLOOR_REPEATS}; >= 1)",
     )
     parser.add_argument(
         "--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES), help="tree shapes"
@@ -361,16 +341,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     shapes: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
+    builds: list[dict[str, Any]] = []
     for shape in args.shapes:
         keys = SHAPES[shape](np.random.default_rng(SEED), TREE_TOKENS)
         stats = tree_stats(keys, args.pool, device)
         capacity = stats["tokens"] + stats["tokens"] // 100  # a bit above: no eviction on build
         shapes.append({"shape": shape, **stats, "capacity_tokens": capacity})
+        build_ns: dict[str, list[int]] = {policy: [] for policy in POLICIES}
         for tokens in EVICT_TOKENS:
             samples = measure_point(
                 keys, capacity, tokens, repeats, args.pool, device, args.floor_repeats
             )
             rows.append(summarize_point(shape, tokens, samples))
+            for policy in POLICIES:
+                build_ns[policy].extend(samples[policy]["build_ns"])
+        builds.append(build_row(shape, len(keys), build_ns))
     wall_s = time.perf_counter() - started
 
     version = _sglang_version()
@@ -381,12 +366,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(markdown_table(shapes, SHAPE_COLUMNS) + "\n")
     print(markdown_table(rows, columns(device)) + "\n")
+    print("Tree building, CPU time of match + allocate + insert per request:\n")
+    print(markdown_table(builds, BUILD_COLUMNS) + "\n")
     held = sum(1 for r in rows if r["meets_target"] == "yes")
     beyond = sum(1 for r in rows if (r["floor_over_lru"] or 0) > TARGET_RATIO)
     print(
         f"rlt <= lru per evicted token at {held} of {len(rows)} points; "
         f"median of {repeats} repeats per point; {wall_s:.1f} s wall\n"
-        f"the gather floor alone costs more per token than lru at {beyond} of {len(rows)} "
+        f"the pool floor alone costs more per token than lru at {beyond} of {len(rows)} "
         f"points (median of {min(repeats, args.floor_repeats)} repeats)"
     )
     sys.stdout.flush()
@@ -404,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "torch_version": torch.__version__,
             "target_ratio": TARGET_RATIO,
             "floor_repeats": min(repeats, args.floor_repeats),
-            "floor_methods": list(FLOOR_METHODS),
+            "builds": builds,
             "wall_s": round(wall_s, 3),
             "shapes": shapes,
             "rows": rows,

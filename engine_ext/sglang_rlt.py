@@ -3,35 +3,40 @@
 ``RLTRadixCache`` subclasses SGLang's classic ``RadixCache`` and keeps everything of it
 (tree, ``RadixKey`` matching, page alignment, locking, KV-pool freeing, KV events, metrics)
 except the eviction order. The RLT algorithm itself is not written again here: the reference
-cache's ``RLTEviction`` (marking phases, the phase rules of ``evict``) and its batched sampler
-``draw_leaf_evictions`` run unchanged on SGLang's tree through ``_SGLangTree``, a small view
-that offers what ``RLTEviction`` reads. What is SGLang-specific lives in this module:
+cache's ``RLTEviction`` (marking phases, the phase rules of ``evict``, the batched draw on a
+leaf registry) runs unchanged on SGLang's tree through ``_SGLangTree``, a small view that
+offers what it reads and calls. What is SGLang-specific lives in this module:
 
 - marking: every match (``_match_prefix_helper``, so also ``touch_prefix``) and every insert
   (``_insert_helper``) marks its path; nodes carry ``mark_phase`` as the reference nodes do,
   and a split copies it to the new upper node;
-- candidate order: SGLang keeps its evictable leaves in a ``set`` (iteration order follows
-  memory addresses), so every node carries ``rlt_leaf_seq``, the moment it last became a
-  leaf, and candidates are sorted by it. That is the reference cache's order, which makes a
-  seeded run reproducible and equal to the reference (``tests/engine_sglang``);
+- the leaf registry: the reference cache's ``LeafRegistry`` (``leaf_registry``), kept up to
+  date by the tree hooks (a new leaf joins, a leaf that gets a child or is deleted leaves,
+  ``_update_leaf_status`` records locks), so candidates, sizes and trims are numpy arrays,
+  in the order nodes became leaves: the reference cache's order, which makes a seeded run
+  reproducible and equal to the reference (``tests/engine_sglang``);
+- the arena: every node's KV indices live in one tensor and a node's ``value`` is a view of
+  it (``_place`` on insert, ``_split_node`` re-points both halves); the registry holds each
+  leaf's offset. The KV indices an eviction frees are then runs of the arena, taken with
+  one index (or a few slices) and given back in one ``free_segment`` call, without touching
+  the freed leaves' tensors. SGLang only ever copies a value out (``torch.cat`` of a path)
+  or drops it, so views are safe; the arena is repacked when it fills (``_pack_arena``);
 - trimming: ``evict(n)`` drops whole pages from leaf tails. Emptied leaves go through
-  SGLang's own ``_delete_leaf`` and ``kv_events.record_remove``; all freed KV indices
-  (emptied leaves and trimmed tails) go back to the pool in one ``free_segment`` call. A
-  trimmed leaf's ``key``, ``value`` and hash lists are cut when SGLang next reads one of
-  them (deferred trims).
+  SGLang's own ``_delete_leaf`` and ``kv_events.record_remove``; a trimmed leaf's ``key``,
+  ``value`` and hash lists are cut when SGLang next reads one of them (deferred trims).
 
 Deferred trims. A small eviction spreads over nearly every leaf (1k tokens from a tree of
-~260 leaves: ~4 tokens each), and cutting a leaf costs a ``RadixKey`` and a tensor split,
-a few microseconds of Python and torch dispatch each, while SGLang's LRU drops ~4 whole
-leaves. So a trim only records the new length and turns the node into a
-``_PendingTrimNode``, a ``TreeNode`` subclass whose ``key``, ``value``, ``hash_value`` and
-``event_hash_value`` are properties: the first read or write of any of them cuts all four
-to the recorded length and turns the node back into a plain ``TreeNode``. Every SGLang code
-path reads nodes through those attributes (matching reads ``child.key``, locking
+~260 leaves: ~4 tokens each), and cutting a leaf costs a ``RadixKey`` and a tensor view, a
+few microseconds of Python and torch dispatch each, while SGLang's LRU drops ~4 whole
+leaves. So a trim only lowers the leaf's size in the registry. Every registered leaf is a
+``_RegisteredLeaf``, a ``TreeNode`` subclass whose ``key``, ``value``, ``hash_value`` and
+``event_hash_value`` are properties: a read or write of any of them first compares the
+registry's size with the stored length (only if an eviction trimmed leaves since the leaf
+was last read: ``_Leaves.epoch``) and cuts all four if it is shorter. Every SGLang code path
+reads nodes through those attributes (matching reads ``child.key``, locking
 ``len(node.key)``, ``total_size`` every ``value``), so none can see the untrimmed state;
-most trimmed leaves are trimmed again or deleted before anything reads them. The tails'
-KV indices are freed at eviction time, as before (``_tails``: a view per leaf, or for many
-short leaves one concatenation of their values and one index).
+most trimmed leaves are trimmed again or deleted before anything reads them. A leaf leaves
+the registry as a plain ``TreeNode`` again.
 
 This is the only module of kvroute that imports SGLang or torch (the ``engine`` extra).
 """
@@ -43,8 +48,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Iterable, Mapping
-from operator import attrgetter
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -55,6 +59,7 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 from sglang.srt.mem_cache.utils import compute_node_event_hash_values, compute_node_hash_values
 
+from engine_ext.cache.leaf_registry import LOCKED, LeafRegistry
 from engine_ext.cache.rlt import RLTEviction
 
 if TYPE_CHECKING:
@@ -76,11 +81,9 @@ SEED_ENV_VAR = "KVROUTE_RLT_SEED"
 # eviction tuning); any other key is refused rather than silently ignored.
 CONFIG_KEYS = ("seed", "log_every")
 _DEFAULT_LOG_EVERY = 1000
-_leaf_seq_of = attrgetter("rlt_leaf_seq")
-# Freeing trimmed tails (``_tails``): a tensor view per leaf (~4 us cold), or one
-# concatenation plus one index at about this much per token copied.
-_VIEW_NS = 4_000
-_COPY_NS = 12
+_MIN_ARENA = 2048  # tokens: the arena holds at least twice this (``_pack_arena``)
+# Up to this many runs of the arena to free, a slice each; more, one index over all.
+_FEW_RUNS = 16
 
 
 def _cut_key(key: RadixKey, keep: int) -> RadixKey:
@@ -90,72 +93,91 @@ def _cut_key(key: RadixKey, keep: int) -> RadixKey:
     return RadixKey(key.token_ids[:keep], key.extra_key, cache_salt=key.cache_salt)
 
 
-def _settle(node: Any) -> None:
-    """Cut a ``_PendingTrimNode`` to its recorded length; it is a plain ``TreeNode`` again."""
-    state = node.__dict__
-    keep, page, _ = state.pop("rlt_trim")
-    node.__class__ = TreeNode
+def _cut(state: dict[str, Any], keep: int, page: int) -> None:
+    """Cut a node's stored ``key``, ``value`` and hash lists to ``keep`` tokens."""
     state["key"] = _cut_key(state["key"], keep)
-    state["value"] = state["value"][:keep]  # a view of the node's own storage
+    state["value"] = state["value"][:keep]  # a view of the arena
     for name in ("hash_value", "event_hash_value"):
         if state[name] is not None:
             state[name] = state[name][: keep // page]
+    state["rlt_len"] = keep
 
 
-def _settling(name: str) -> property:
+def _current(node: Any) -> dict[str, Any]:
+    """A registered leaf's attributes, cut first to its size in the registry if evictions
+    trimmed it since they were last read (deferred trims)."""
+    state: dict[str, Any] = node.__dict__
+    leaves = state["rlt_leaves"]
+    if state["rlt_epoch"] != leaves.epoch:
+        state["rlt_epoch"] = leaves.epoch
+        size = int(leaves.size[state["slot"]])
+        if size != state["rlt_len"]:
+            _cut(state, size, leaves.page_size)
+    return state
+
+
+def _deferred(name: str) -> property:
     def read(node: Any) -> Any:
-        _settle(node)
-        return node.__dict__[name]
+        return _current(node)[name]
 
     def write(node: Any, value: Any) -> None:
-        _settle(node)
-        node.__dict__[name] = value
+        _current(node)[name] = value
 
-    return property(read, write, doc=f"``{name}``, cut to the pending trim on first use")
-
-
-class _PendingTrimNode(TreeNode):
-    """A leaf whose tail RLT freed and whose attributes are cut on first use (deferred
-    trims in the module docstring). Never constructed: a trim assigns ``__class__``; the
-    pending length, page size and stored ``value``'s length are ``rlt_trim`` in the instance
-    dict."""
-
-    key = _settling("key")
-    value = _settling("value")
-    hash_value = _settling("hash_value")
-    event_hash_value = _settling("event_hash_value")
+    return property(read, write, doc=f"``{name}``, cut to the leaf's size in the registry")
 
 
-def _tails(
-    stored: list[Any], lengths: list[int], keeps: list[int], sizes: list[int], dropped: int
-) -> list[Any]:
-    """The KV indices ``stored[i][keeps[i]:sizes[i]]`` of every trimmed leaf (``dropped`` of
-    them in all), as few tensors; ``lengths[i]`` is ``len(stored[i])``.
+class _RegisteredLeaf(TreeNode):
+    """A leaf in the registry (the module docstring): its ``key``, ``value`` and hash lists
+    are cut to the size the registry holds for it when SGLang reads or writes one of them.
+    Never constructed: registering a leaf assigns ``__class__``, unregistering it (it got a
+    child, or was deleted) turns it back into a plain ``TreeNode``."""
 
-    A view per leaf costs ~1.3 us warm (more cold) of torch dispatch; concatenating all the
-    values and taking the tails with one ``index_select`` (on a CPU ~2.5x faster than
-    indexing with ``values[positions]``) costs a few ns per token copied. Paired runs
-    of ``benchmarks/sglang_eviction.py``'s trees: the index is ~15% faster on chat trees
-    (many leaves of ~50 tokens), 6-12% on GSP's (~260 of ~256; 41 pairs each at 1k and 10k
-    tokens); on a few long documents it would copy ~100k tokens for a dozen tails. The
-    estimate below picks the cheaper."""
-    if len(stored) * _VIEW_NS >= (sum(lengths) + dropped) * _COPY_NS:
-        keep, size, length = (np.array(c, dtype=np.int64) for c in (keeps, sizes, lengths))
-        tail = size - keep
-        # A run of ``tail[i]`` positions from ``start[i]`` per leaf: one arange, shifted.
-        start = np.cumsum(length) - length + keep
-        shift = np.repeat(start - (np.cumsum(tail) - tail), tail)
-        positions = torch.from_numpy(shift + np.arange(len(shift), dtype=np.int64))
-        values = torch.cat(stored)
-        return [values.index_select(0, positions.to(values.device))]
-    return [value[k:n] for value, k, n in zip(stored, keeps, sizes, strict=True)]
+    key = _deferred("key")
+    value = _deferred("value")
+    hash_value = _deferred("hash_value")
+    event_hash_value = _deferred("event_hash_value")
 
 
-def _leaf_size(node: Any) -> int:
-    """Tokens in a leaf, without cutting a pending trim."""
-    state = node.__dict__
-    trim = state.get("rlt_trim")
-    return int(trim[0]) if trim is not None else int(state["value"].numel())
+class _Leaves(LeafRegistry):
+    """The reference cache's leaf registry (order, sizes, marks and locks as arrays) plus
+    where each leaf's KV indices start in the arena (``off``), and ``epoch``, which counts
+    the evictions that trimmed leaves (a leaf read at the current epoch needs no cut)."""
+
+    ARRAYS = (*LeafRegistry.ARRAYS, ("off", 0))
+    off: np.ndarray
+
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+        super().__init__()
+
+    def clear(self) -> None:
+        super().clear()
+        self.epoch = 0
+
+    def add(self, node: Any) -> None:
+        state = node.__dict__
+        node.__class__ = _RegisteredLeaf
+        state["rlt_leaves"] = self
+        state["rlt_epoch"] = self.epoch
+        super().add(node)
+        self.off[node.slot] = state["rlt_off"]
+
+    def drop(self, node: Any) -> None:
+        """Unregister a leaf that got a child, cut to its size first."""
+        _current(node)
+        self.remove(node)
+        node.__class__ = TreeNode
+
+
+def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The positions ``starts[i] .. starts[i] + lengths[i] - 1`` of every run, in order."""
+    total = int(lengths.sum())
+    shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return shift + np.arange(total, dtype=np.int64)
+
+
+def _as_list(values: Any) -> list[int]:
+    return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
 
 def check_sglang_version(version: str) -> None:
@@ -170,15 +192,19 @@ def check_sglang_version(version: str) -> None:
 
 
 class _SGLangTree:
-    """What ``RLTEviction`` reads from a cache, served by SGLang's tree (duck-typed)."""
+    """What ``RLTEviction`` reads and calls on a cache (duck-typed), served by SGLang's tree,
+    the plugin's leaf registry and its arena. Trims and deletions queue the runs of arena
+    positions they free; ``RLTRadixCache.evict`` frees them all at once."""
 
-    __slots__ = ("cache", "capacity_tokens", "page_size", "sizes")
+    __slots__ = ("cache", "capacity_tokens", "leaves", "page_size", "runs")
 
     def __init__(self, cache: RLTRadixCache, capacity_tokens: int, page_size: int) -> None:
         self.cache = cache
         self.capacity_tokens = capacity_tokens
         self.page_size = page_size
-        self.sizes: dict[Any, int] = {}  # the last gather's leaf sizes, until its trims
+        self.leaves = _Leaves(page_size)
+        # Arena runs to free: (starts, lengths), arrays or (for a few) lists.
+        self.runs: list[tuple[Any, Any]] = []
 
     @property
     def root(self) -> Any:
@@ -188,21 +214,51 @@ class _SGLangTree:
     def total_tokens(self) -> int:
         return int(self.cache.evictable_size_ + self.cache.protected_size_)
 
-    def evictable_leaves(self) -> list[Any]:
-        """Unlocked leaves in the order they became leaves (the reference cache's order)."""
-        return sorted(self.cache.evictable_leaves, key=_leaf_seq_of)
+    def cut_tails(self, slots: np.ndarray, tokens: np.ndarray, total: int | None = None) -> int:
+        """Cut ``tokens[i]`` (whole pages, fewer than the leaf holds; 0 allowed) off the
+        leaf in ``slots[i]``: the registry's sizes only; each leaf's attributes are cut when
+        SGLang next reads them."""
+        leaves, cache = self.leaves, self.cache
+        if cache.kv_events.enabled:
+            cache._record_tails_removed(slots.tolist(), tokens.tolist())
+        keep = leaves.size[slots] - tokens
+        leaves.size[slots] = keep
+        leaves.epoch += 1
+        self.runs.append((leaves.off[slots] + keep, tokens))
+        cut = int(tokens.sum()) if total is None else total
+        cache.evictable_size_ -= cut
+        return cut
 
-    def evictable_leaf_sizes(self) -> list[tuple[Any, int]]:
-        """The same leaves with their sizes in tokens (a pending trim's length, else the
-        value tensor's: one C call, where a ``RadixKey``'s ``len`` is two Python calls).
-        Kept until ``drop_tails``, so that the trims do not read every leaf's size again."""
-        pairs = [(leaf, _leaf_size(leaf)) for leaf in self.evictable_leaves()]
-        self.sizes = dict(pairs)
-        return pairs
+    def cut_few_tails(self, slots: list[int], pages: list[int], total: int) -> int:
+        """``cut_tails`` for a few leaves, with Python lists (``pages`` in whole pages)."""
+        leaves, cache, page = self.leaves, self.cache, self.page_size
+        tokens = [taken * page for taken in pages]
+        if cache.kv_events.enabled:
+            cache._record_tails_removed(slots, tokens)
+        size, off = leaves.size, leaves.off
+        starts, lengths = [], []
+        for slot, cut in zip(slots, tokens, strict=True):
+            if cut:
+                keep = int(size[slot]) - cut
+                size[slot] = keep
+                starts.append(int(off[slot]) + keep)
+                lengths.append(cut)
+        leaves.epoch += 1
+        self.runs.append((starts, lengths))
+        cache.evictable_size_ -= total
+        return total
 
-    def drop_tails(self, plan: Iterable[tuple[Any, int]]) -> int:
-        sizes, self.sizes = self.sizes, {}
-        return self.cache._drop_tails(plan, sizes)
+    def trim_leaf(self, node: Any, num_tokens: int) -> int:
+        """Drop ``num_tokens`` (whole pages) from a registered, unlocked leaf's tail, all of
+        it if it holds no more."""
+        if num_tokens >= int(self.leaves.size[node.slot]):
+            return self.delete_emptied([node])
+        if num_tokens <= 0:
+            return 0
+        return self.cut_few_tails([node.slot], [num_tokens // self.page_size], num_tokens)
+
+    def delete_emptied(self, nodes: Sequence[Any]) -> int:
+        return self.cache._delete_emptied(nodes)
 
 
 class RLTRadixCache(RadixCache):
@@ -242,8 +298,11 @@ class RLTRadixCache(RadixCache):
         self.log_every = log_every
         self.eviction_calls = 0
         self.evicted_tokens_total = 0
-        self._next_leaf_seq = 0
         self._tree = _SGLangTree(self, capacity_tokens, params.page_size)
+        self._leaves = self._tree.leaves
+        self._arena: torch.Tensor | None = None  # every node's KV indices (module docstring)
+        self._arena_np: np.ndarray | None = None  # the same memory, on a CPU arena
+        self._arena_top = 0
         # RLTEviction only reads what _SGLangTree offers; see the module docstring.
         self.rlt = RLTEviction(cast("ReferenceRadixCache", self._tree), random.Random(seed))
         super().__init__(params)
@@ -270,17 +329,23 @@ class RLTRadixCache(RadixCache):
     def is_marked(self, node: Any) -> bool:
         return bool(self.rlt.is_marked(node))
 
-    # -- tree hooks: marks and leaf order ------------------------------------------------
+    # -- tree hooks: marks, the leaf registry, the arena ------------------------------------
     def reset(self) -> None:
+        leaves = self._leaves
+        for node in leaves:  # detached from now on: plain nodes, cut to their sizes
+            _current(node)
+            node.__class__ = TreeNode
+            node.slot = -1
         super().reset()
-        self.root_node.mark_phase = -1
-        self.root_node.rlt_leaf_seq = -1
+        root = self.root_node.__dict__
+        root["mark_phase"] = -1
+        root["slot"] = -1
+        leaves.clear()
+        self._tree.runs = []  # (empty unless an evict stopped between its draw and its free)
+        self._arena = None
+        self._arena_np = None
+        self._arena_top = 0
         self.rlt.reset()
-        self._tree.sizes = {}  # (empty unless an evict stopped between gather and trims)
-
-    def _take_leaf_seq(self) -> int:
-        self._next_leaf_seq += 1
-        return self._next_leaf_seq
 
     def _mark_path(self, node: Any) -> None:
         root = self.root_node
@@ -301,23 +366,114 @@ class RLTRadixCache(RadixCache):
     ) -> tuple[int, Any]:
         prefix_len, last_node = super()._insert_helper(node, key, value, priority, inserted_len)
         if prefix_len < len(key):  # the helper created ``last_node`` as a new leaf
-            last_node.mark_phase = -1
-            last_node.rlt_leaf_seq = self._take_leaf_seq()
+            state = last_node.__dict__
+            state["mark_phase"] = -1
+            state["slot"] = -1
+            self._place(last_node)
+            parent = last_node.parent
+            if parent.__dict__["slot"] >= 0:  # it was a leaf until now
+                self._leaves.drop(parent)
+            self._leaves.add(last_node)
         self._mark_path(last_node)
         return prefix_len, last_node
 
     def _split_node(self, key: RadixKey, child: Any, split_len: int) -> Any:
+        below = child.__dict__
+        slot = below["slot"]
+        if slot >= 0:
+            _current(child)
+        start, length = below["rlt_off"], below["rlt_len"]
         upper = super()._split_node(key, child, split_len)
-        upper.mark_phase = child.mark_phase  # the lower part keeps its leaf position
-        upper.rlt_leaf_seq = -1  # internal; gets a position when it becomes a leaf
+        # SGLang cloned both halves; point them back at the arena instead.
+        arena = self._arena
+        assert arena is not None
+        above = upper.__dict__
+        above["value"] = arena[start : start + split_len]
+        above["rlt_off"], above["rlt_len"] = start, split_len
+        above["mark_phase"] = below["mark_phase"]  # the lower part keeps its leaf slot
+        above["slot"] = -1
+        below["value"] = arena[start + split_len : start + length]
+        below["rlt_off"], below["rlt_len"] = start + split_len, length - split_len
+        if slot >= 0:
+            self._leaves.off[slot] = start + split_len
+            self._leaves.size[slot] = length - split_len
         return upper
+
+    def _update_leaf_status(self, node: Any) -> None:
+        super()._update_leaf_status(node)
+        slot = node.__dict__.get("slot", -1)
+        if slot >= 0:  # a lock taken or released: a locked leaf is no candidate
+            self._leaves.mark[slot] = LOCKED if node.lock_ref else node.mark_phase
+
+    def _place(self, node: Any) -> None:
+        """Copy a new node's KV indices into the arena; its ``value`` becomes a view."""
+        state = node.__dict__
+        value = state["value"]
+        n = int(value.shape[0])
+        arena = self._arena
+        if arena is None or self._arena_top + n > arena.shape[0]:
+            arena = self._pack_arena(n, value, node)
+        elif value.dtype != arena.dtype or value.device != arena.device:
+            raise RuntimeError(
+                f"KV indices of {value.dtype} on {value.device} in a tree of {arena.dtype} on "
+                f"{arena.device}: every value must come from the one KV pool allocator"
+            )
+        top = self._arena_top
+        view = arena[top : top + n]
+        view.copy_(value)
+        state["value"] = view
+        state["rlt_off"], state["rlt_len"] = top, n
+        self._arena_top = top + n
+
+    def _pack_arena(self, room: int, like: torch.Tensor, new: Any) -> torch.Tensor:
+        """A new arena with the tree's KV indices (but ``new``'s, not placed yet) packed at
+        its start; every node is pointed at it, and the old one goes with its last view.
+
+        It holds twice the KV pool (or twice what the tree holds plus ``room``, if more):
+        the tree never holds more than the pool, so a pack comes at most once per pool's
+        worth of tokens inserted, and costs one pass over the nodes and one copy."""
+        nodes: list[Any] = []
+        stack = list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node is new:
+                continue
+            if node.__dict__["slot"] >= 0:
+                _current(node)
+            nodes.append(node)
+        starts = np.array([node.__dict__["rlt_off"] for node in nodes], dtype=np.int64)
+        lengths = np.array([node.__dict__["rlt_len"] for node in nodes], dtype=np.int64)
+        live = int(lengths.sum())
+        pool = getattr(self.token_to_kv_pool_allocator, "size", None) or self.capacity_tokens
+        size = 2 * max(int(pool), live + room, _MIN_ARENA)
+        arena = torch.empty(size, dtype=like.dtype, device=like.device)
+        if live:
+            old = self._arena
+            assert old is not None
+            positions = torch.from_numpy(_runs(starts, lengths)).to(old.device)
+            arena[:live] = old.index_select(0, positions)
+        off = self._leaves.off
+        top = 0
+        for node, length in zip(nodes, lengths.tolist(), strict=True):
+            state = node.__dict__
+            state["value"] = arena[top : top + length]
+            state["rlt_off"] = top
+            if state["slot"] >= 0:
+                off[state["slot"]] = top
+            top += length
+        self._arena = arena
+        self._arena_np = arena.numpy() if arena.device.type == "cpu" else None
+        self._arena_top = live
+        return arena
 
     # -- eviction ------------------------------------------------------------------------
     def evict(self, params: EvictParams) -> EvictResult:
         if self.disable or params.num_tokens <= 0:
             return EvictResult()
         start_time = time.perf_counter()
-        freed = self.rlt.evict(params.num_tokens)
+        self.rlt.evict(params.num_tokens)
+        freed = self._free_queued()
         self.update_eviction_metrics(freed, start_time)
         self.eviction_calls += 1
         self.evicted_tokens_total += freed
@@ -331,60 +487,83 @@ class RLTRadixCache(RadixCache):
             )
         return EvictResult(num_tokens_evicted=freed)
 
-    def _drop_tails(self, plan: Iterable[tuple[Any, int]], known: Mapping[Any, int]) -> int:
-        """Apply the sampler's plan: (unlocked leaf, tokens) with emptied leaves first.
+    def _free_queued(self) -> int:
+        """Free the KV indices of every run the eviction queued, in one ``free_segment``
+        call (SGLang's LRU makes one per leaf), gathered from the arena: a slice per run for
+        a few runs, else one index over all of them; with numpy on a CPU arena (a torch call
+        costs several times a numpy one there), with torch on a GPU."""
+        runs, self._tree.runs = self._tree.runs, []
+        count = sum(len(lengths) for _, lengths in runs)
+        if not count:
+            return 0
+        arena, mirror = self._arena, self._arena_np
+        assert arena is not None
+        indices: Any
+        if count <= _FEW_RUNS:
+            pairs = [
+                (start, length)
+                for starts, lengths in runs
+                for start, length in zip(_as_list(starts), _as_list(lengths), strict=True)
+                if length
+            ]
+            source = arena if mirror is None else mirror
+            pieces = [source[start : start + length] for start, length in pairs]
+            if mirror is None:
+                indices = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+            else:
+                indices = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+        else:
+            starts = np.concatenate([np.asarray(run[0], dtype=np.int64) for run in runs])
+            lengths = np.concatenate([np.asarray(run[1], dtype=np.int64) for run in runs])
+            positions = _runs(starts, lengths)
+            if mirror is None:
+                indices = arena.index_select(0, torch.from_numpy(positions).to(arena.device))
+            else:
+                indices = mirror[positions]
+        if mirror is not None:
+            indices = torch.from_numpy(indices)
+        if not len(indices):
+            return 0
+        # Tree values are page-aligned copies of KV rows and every run is whole pages, so
+        # the freed indices form a page-exact segment, as SGLang's LRU frees a leaf.
+        self.token_to_kv_pool_allocator.free_segment(indices, start_pos=0)
+        return len(indices)
 
-        Emptied leaves are deleted with SGLang's helpers, children before parents. A leaf
-        that keeps some tokens gets a pending trim (the module docstring): its tail's KV
-        indices are a view of its value, the cut of its attributes waits for their next use.
-        All freed KV indices go back in one ``free_segment`` call (SGLang's LRU makes one per
-        leaf). One pass over the plan: a small eviction touches every candidate leaf.
-        ``known``: leaves' sizes read since the last change of the tree (the candidates');
-        a leaf not in it (a parent that joined) is read here.
-        """
-        root, page, pending = self.root_node, self.page_size, _PendingTrimNode
-        events = self.kv_events.enabled
-        freed: list[Any] = []
-        stored: list[Any] = []  # trimmed leaves' values as stored (longer if a trim was
-        lengths: list[int] = []  # pending) and their lengths, what they keep, their sizes
-        keeps: list[int] = []  # before this trim
-        sizes: list[int] = []
-        dropped = 0  # tokens trimmed off the leaves that stay
-        for node, tokens in plan:
-            size = known.get(node)
-            if size is None:
-                size = _leaf_size(node)
-            if tokens < size:
-                state = node.__dict__
-                keep = size - tokens
-                if events:
-                    self._record_tail_removed(node, keep)  # (applies a pending trim first)
-                trim = state.get("rlt_trim")
-                length = size if trim is None else trim[2]
-                stored.append(state["value"])
-                lengths.append(length)
-                keeps.append(keep)
-                sizes.append(size)
-                dropped += tokens
-                state["rlt_trim"] = (keep, page, length)
-                node.__class__ = pending
-                continue
-            freed.append(node.value)  # (applies a pending trim first)
+    def _delete_emptied(self, nodes: Sequence[Any]) -> int:
+        """Delete RLT's emptied leaves (unlocked; children before parents) with SGLang's
+        helpers, queueing their arena runs; a parent that is left childless, and is not
+        deleted later in ``nodes``, joins the registry."""
+        leaves, root, gone = self._leaves, self.root_node, set(nodes)
+        registered: list[Any] = []
+        starts: list[int] = []
+        lengths: list[int] = []
+        for node in nodes:
+            state = node.__dict__
+            if state["slot"] >= 0:
+                _current(node)  # so that SGLang counts (and reports) what is left of it
+                registered.append(node)
+            starts.append(state["rlt_off"])
+            lengths.append(state["rlt_len"])
             parent = node.parent
             self._delete_leaf(node)
             self.kv_events.record_remove(node)
-            if not parent.children and parent is not root:
-                parent.rlt_leaf_seq = self._take_leaf_seq()
-        if stored:
-            freed.extend(_tails(stored, lengths, keeps, sizes, dropped))
-            self.evictable_size_ -= dropped
-        if not freed:
-            return 0
-        # Tree values are page-aligned copies of KV rows and every tail is whole pages, so
-        # the freed indices form a page-exact segment, as SGLang's LRU frees a leaf.
-        indices = torch.cat(freed) if len(freed) > 1 else freed[0]
-        self.token_to_kv_pool_allocator.free_segment(indices, start_pos=0)
-        return int(indices.numel())
+            if not parent.children and parent is not root and parent not in gone:
+                leaves.add(parent)
+        for node in registered:
+            node.__class__ = TreeNode
+        leaves.remove_many(registered)
+        leaves.compact()
+        self._tree.runs.append(
+            (np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64))
+        )
+        return sum(lengths)
+
+    def _record_tails_removed(self, slots: list[int], tokens: list[int]) -> None:
+        """KV events for tails about to be cut (``_SGLangTree.cut_tails``)."""
+        leaves = self._leaves
+        for slot, taken in zip(slots, tokens, strict=True):
+            if taken:
+                self._record_tail_removed(leaves.nodes[slot], int(leaves.size[slot]) - taken)
 
     def _record_tail_removed(self, node: Any, keep: int) -> None:
         """A ``BlockRemoved`` for the pages past ``keep``, hashed as SGLang stored them."""

@@ -40,14 +40,21 @@ _FEW_TO_VECTORISE = 16
 class LeafRegistry:
     """Leaves in slots ``0 .. end-1`` (holes are ``None``), with their state in arrays."""
 
+    # The per-slot arrays and the value of a hole: ``size`` in tokens (<= len(key)) and
+    # ``mark``; a subclass may add its own (the SGLang plugin's arena offsets).
+    ARRAYS: tuple[tuple[str, int], ...] = (("size", 0), ("mark", LOCKED))
+
+    size: np.ndarray
+    mark: np.ndarray
+
     def __init__(self) -> None:
         self.clear()
 
     def clear(self) -> None:
         """Forget every leaf (the cache was flushed; the old nodes are dropped with it)."""
         self.nodes: list[RadixNode | None] = []
-        self.size = np.zeros(_INITIAL_SLOTS, dtype=np.int64)  # tokens (<= len(key))
-        self.mark = np.full(_INITIAL_SLOTS, LOCKED, dtype=np.int64)
+        for name, fill in self.ARRAYS:
+            setattr(self, name, np.full(_INITIAL_SLOTS, fill, dtype=np.int64))
         self.live = 0
 
     def __len__(self) -> int:
@@ -111,7 +118,7 @@ class LeafRegistry:
 
     def _grow(self) -> None:
         n = len(self.size) * 2
-        for name, fill in (("size", 0), ("mark", LOCKED)):
+        for name, fill in self.ARRAYS:
             old = getattr(self, name)
             new = np.full(n, fill, dtype=old.dtype)
             new[: len(old)] = old
@@ -125,7 +132,7 @@ class LeafRegistry:
         for slot, node in enumerate(self.nodes):
             node.slot = slot  # type: ignore[union-attr]
         live = len(keep)
-        for name, fill in (("size", 0), ("mark", LOCKED)):
+        for name, fill in self.ARRAYS:
             arr = getattr(self, name)
             arr[:live] = arr[keep]
             arr[live:end] = fill

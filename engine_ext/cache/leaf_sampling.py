@@ -24,14 +24,13 @@ before it. So:
 When few leaves can empty (``need`` small against the leaves' sizes, the common case: a
 scheduler evicting for one request), cheaper exact rounds come first: until a leaf empties the
 picks are i.i.d. uniform over a fixed set, so they can be drawn at once, a round per emptying
-(``draw_leaf_evictions`` explains the two kinds).
+(``draw_leaf_counts`` explains the two kinds).
 
 Cost: a few vectorised draws plus one step per leaf that empties, against one draw per page
 for the literal loop. The core (``draw_leaf_counts``) works on arrays of leaf sizes and
-returns an array of pages per leaf, so the reference cache applies a batch of trims in one
-vectorised step (``leaf_registry``); ``draw_leaf_evictions`` is the same draw over
-(leaf, pages) pairs (the SGLang plugin's tree). ``tests/engine_ext/test_leaf_sampling.py``
-checks the distribution against the literal loop.
+returns an array of pages per leaf, so both caches (the reference one and the SGLang plugin)
+apply a batch of trims in one vectorised step on their leaf registry (``leaf_registry``).
+``tests/engine_ext/test_leaf_sampling.py`` checks the distribution against the literal loop.
 """
 
 from __future__ import annotations
@@ -39,14 +38,11 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Callable, Hashable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["FEW_LEAVES", "draw_first_round", "draw_leaf_counts", "draw_leaf_evictions"]
-
-N = TypeVar("N", bound=Hashable)
+__all__ = ["FEW_LEAVES", "draw_first_round", "draw_leaf_counts"]
 
 # ``parent_joins(label)``: called when the leaf ``label`` empties; returns the pages of its
 # parent if the parent becomes a candidate then (it gets the next free label), else None.
@@ -71,53 +67,6 @@ _STOP_MARGIN_RINGS = 8.0
 # are then ordered by time directly (``_first_rings_in_gap``).
 _SORT_GAP_RINGS = 4096
 METHODS = ("multinomial", "cut", "continuous")
-
-
-def draw_leaf_evictions(
-    candidates: Sequence[tuple[N, int]],
-    need: int,
-    gen: np.random.Generator,
-    parent_joins: Callable[[N], tuple[N, int] | None],
-    *,
-    max_rounds: int = _MAX_ROUNDS,
-    method: str | None = None,
-) -> list[tuple[N, int]]:
-    """Pages to drop per leaf after ``need`` uniform leaf picks (or all pages, if fewer).
-
-    ``candidates`` are (leaf, pages >= 1) in a deterministic order; ``parent_joins(leaf)`` is
-    called when ``leaf`` empties and returns (parent, pages) if the parent becomes a candidate
-    then. Returns (leaf, pages) with emptied leaves first, in the order they empty (children
-    before their parents), then the partly trimmed ones. ``draw_leaf_counts`` is the same draw
-    on arrays.
-    """
-    if need <= 0 or not candidates:
-        return []
-    nodes = [node for node, _ in candidates]
-
-    def joins(label: int) -> int | None:
-        joined = parent_joins(nodes[label])
-        if joined is None or joined[1] <= 0:
-            return None
-        nodes.append(joined[0])
-        return joined[1]
-
-    first = None
-    if len(candidates) <= FEW_LEAVES and method is None and max_rounds == _MAX_ROUNDS:
-        # A handful of leaves: the first round with Python lists (``draw_first_round``);
-        # the same draws as the array path, which goes on from them if a leaf empties.
-        first, taken = draw_first_round([p for _, p in candidates], need, gen)
-        if taken is not None:
-            return [(node, c) for node, c in zip(nodes, taken, strict=True) if c]
-    pages = np.fromiter((p for _, p in candidates), dtype=np.int64, count=len(candidates))
-    counts, emptied = draw_leaf_counts(
-        pages, need, gen, joins, max_rounds=max_rounds, method=method, first=first
-    )
-    taken = counts.tolist()
-    if not emptied:
-        return [(node, c) for node, c in zip(nodes, taken, strict=True) if c]
-    done = set(emptied)
-    partial = [i for i, c in enumerate(taken) if c and i not in done]
-    return [(nodes[i], taken[i]) for i in emptied] + [(nodes[i], taken[i]) for i in partial]
 
 
 def draw_leaf_counts(

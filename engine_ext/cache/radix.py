@@ -21,7 +21,7 @@ the tree), so ``total + reserved <= capacity`` holds whenever callers reserve be
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -287,16 +287,6 @@ class RadixCache:
         """Unlocked leaves, in a deterministic order (the order they became leaves)."""
         return (leaf for leaf in self.leaves if leaf.lock_ref == 0)
 
-    def evictable_leaf_sizes(self) -> list[tuple[RadixNode, int]]:
-        """``evictable_leaves`` with each leaf's size in tokens."""
-        leaves = self.leaves
-        slots = leaves.unlocked_slots()
-        nodes = leaves.nodes
-        return [
-            (nodes[slot], size)
-            for slot, size in zip(slots.tolist(), leaves.size[slots].tolist(), strict=True)
-        ]
-
     def is_leaf(self, node: RadixNode) -> bool:
         return node.slot >= 0
 
@@ -373,13 +363,15 @@ class RadixCache:
         self.total_tokens -= cut
         return cut
 
-    def drop_tails(self, plan: Iterable[tuple[RadixNode, int]]) -> int:
-        """Apply many ``trim_leaf`` calls at once; returns tokens dropped.
-
-        The plan's leaves are unlocked and trimmed by whole pages; a leaf dropped whole comes
-        before its parent.
-        """
-        return sum(self.trim_leaf(node, tokens) for node, tokens in plan)
+    def cut_few_tails(self, slots: list[int], pages: list[int], total: int) -> int:
+        """``cut_tails`` for a few leaves, with Python lists: ``pages[i]`` whole pages (0
+        allowed) off the leaf in ``slots[i]``; ``total`` is their sum in tokens."""
+        size, page = self.leaves.size, self.page_size
+        for slot, taken in zip(slots, pages, strict=True):
+            if taken:
+                size[slot] -= taken * page
+        self.total_tokens -= total
+        return total
 
     def _iter_nodes(self) -> Iterator[RadixNode]:
         """Every node, root first; leaves are settled on the way."""

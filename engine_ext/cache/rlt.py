@@ -10,10 +10,11 @@ unlocked leaf. The page-at-a-time loop is drawn in one batch with the same distr
 (``leaf_sampling``). Clearing all marks is O(1): a node is marked when its ``mark_phase``
 equals the current phase number.
 
-On the reference cache the candidates, the draw and the trims are vectorised over the
-cache's leaf registry (``leaf_registry``): an eviction costs a few numpy calls plus one
-Python step per leaf that empties. The SGLang plugin's tree has no registry; there the same
-policy gathers (leaf, pages) pairs and hands the plan to the tree (``draw_leaf_evictions``).
+The candidates, the draw and the trims are vectorised over the cache's leaf registry
+(``leaf_registry``): an eviction costs a few numpy calls plus one Python step per leaf that
+empties. Both trees keep one: the reference cache, and the SGLang plugin's view of SGLang's
+tree (``engine_ext.sglang_rlt``), which offers the same few methods (``cut_tails``,
+``cut_few_tails``, ``delete_emptied``, ``trim_leaf``).
 
 Reference: Wu, Silwal, Zhang, ICLR 2026 (arXiv 2601.18999); the paper's code
 ``radix_cache_lrt.py`` / ``cy_evict.pyx`` (github.com/fzwark/KVRouting).
@@ -27,12 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine_ext.cache.leaf_sampling import (
-    FEW_LEAVES,
-    draw_first_round,
-    draw_leaf_counts,
-    draw_leaf_evictions,
-)
+from engine_ext.cache.leaf_sampling import FEW_LEAVES, draw_first_round, draw_leaf_counts
 
 if TYPE_CHECKING:
     from engine_ext.cache.node import RadixNode
@@ -53,8 +49,7 @@ class RLTEviction:
         self.phase = 0
         self.marked_tokens = 0
         self.phases_started = 0
-        # The reference cache's leaf registry (None on trees without one: SGLang's).
-        self.registry = getattr(cache, "leaves", None)
+        self.registry = cache.leaves  # the unlocked leaves are candidates (DESIGN 3.3)
 
     def reset(self) -> None:
         self.phase += 1
@@ -76,7 +71,7 @@ class RLTEviction:
             if node.mark_phase != phase:
                 node.mark_phase = phase
                 self.marked_tokens += len(node.key)  # the walk settled the path's leaf
-                if registry is not None and node.slot >= 0 and not node.lock_ref:
+                if node.slot >= 0 and not node.lock_ref:
                     registry.mark[node.slot] = phase
 
     def new_phase(self) -> None:
@@ -85,76 +80,10 @@ class RLTEviction:
         self.marked_tokens = 0
         self.phases_started += 1
 
-    def candidates(self) -> list[tuple[RadixNode, int]]:
-        """Unmarked, unlocked leaves with their sizes in pages."""
-        phase, page = self.phase, self.cache.page_size
-        return [
-            (leaf, tokens // page)
-            for leaf, tokens in self.cache.evictable_leaf_sizes()
-            if leaf.mark_phase != phase
-        ]
-
     def evict(self, num_tokens: int) -> int:
-        if self.registry is not None:
-            return self._evict_registry(num_tokens)
-        cache = self.cache
-        page = cache.page_size
-        need = -(-num_tokens // page)
-        cands = [] if self._start_phase_if_due(need * page) else self.candidates()
-        if not cands or sum(pages for _, pages in cands) < need:
-            self.new_phase()
-            cands = self.candidates()
-        plan = draw_leaf_evictions(cands, need, self.gen, self._parent_joins_tracker())
-        return cache.drop_tails((node, pages * page) for node, pages in plan)
-
-    def _start_phase_if_due(self, need_tokens: int) -> bool:
-        """DESIGN 3.3's first rule; True if gathering now would come up short anyway (the
-        candidates hold at most the unmarked tokens), so the caller starts a phase at once."""
-        cache = self.cache
-        if need_tokens + self.marked_tokens >= cache.capacity_tokens:
-            self.new_phase()
-            return False
-        return cache.total_tokens - self.marked_tokens < need_tokens
-
-    def _candidate_slots(self, need_tokens: int, short: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Registry slots of the unmarked, unlocked leaves and their sizes in pages, after
-        starting a new phase if those hold fewer than ``need_tokens`` (or ``short``: the
-        caller knows they do)."""
-        registry = self.registry
-        assert registry is not None
-        end = registry.end
-        mark, size = registry.mark[:end], registry.size[:end]
-        if not short:
-            unmarked = mark < self.phase
-            short = int(np.dot(size, unmarked)) < need_tokens
-        if short:
-            self.new_phase()
-            unmarked = mark < self.phase
-        slots = np.flatnonzero(unmarked)
-        pages = size[slots]
-        page = self.cache.page_size
-        return slots, (pages // page if page > 1 else pages)
-
-    def _few_candidates(self, need_tokens: int, short: bool) -> tuple[list[int], list[int]]:
-        """``_candidate_slots`` with Python lists, for a registry of a few leaves."""
-        registry = self.registry
-        assert registry is not None
-        nodes, page = registry.nodes, self.cache.page_size
-        sizes = registry.size[: registry.end].tolist()
-        unlocked = [i for i, node in enumerate(nodes) if node is not None and not node.lock_ref]
-        if not short:
-            phase = self.phase
-            cand = [i for i in unlocked if nodes[i].mark_phase < phase]
-            short = sum(sizes[i] for i in cand) < need_tokens
-        if short:
-            self.new_phase()
-            cand = unlocked  # after a new phase no leaf is marked
-        return cand, [sizes[i] // page for i in cand]
-
-    def _evict_registry(self, num_tokens: int) -> int:
-        """``evict`` on the reference cache: candidates, draw and trims on the registry."""
+        """DESIGN 3.3's ``evict(n)`` on the cache's leaf registry: the candidates, the
+        draw and the trims."""
         cache, registry = self.cache, self.registry
-        assert registry is not None
         page = cache.page_size
         need = -(-num_tokens // page)
         short = self._start_phase_if_due(need * page)
@@ -165,12 +94,7 @@ class RLTEviction:
                 return 0
             drawn, whole_draw = draw_first_round(cand_pages, need, self.gen)
             if whole_draw is not None:  # no leaf emptied: trims only
-                size = registry.size
-                for slot, c in zip(cand, whole_draw, strict=True):
-                    if c:
-                        size[slot] -= c * page
-                cache.total_tokens -= need * page
-                return need * page
+                return cache.cut_few_tails(cand, whole_draw, need * page)
             # A leaf empties (or many will): the general path goes on from the same draws.
             slots = np.asarray(cand, dtype=np.int64)
             pages = np.asarray(cand_pages, dtype=np.int64)
@@ -213,6 +137,48 @@ class RLTEviction:
             if 0 < taken < size:
                 freed += cache.trim_leaf(node, taken * page)
         return freed
+
+    def _start_phase_if_due(self, need_tokens: int) -> bool:
+        """DESIGN 3.3's first rule; True if gathering now would come up short anyway (the
+        candidates hold at most the unmarked tokens), so the caller starts a phase at once."""
+        cache = self.cache
+        if need_tokens + self.marked_tokens >= cache.capacity_tokens:
+            self.new_phase()
+            return False
+        return cache.total_tokens - self.marked_tokens < need_tokens
+
+    def _candidate_slots(self, need_tokens: int, short: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Registry slots of the unmarked, unlocked leaves and their sizes in pages, after
+        starting a new phase if those hold fewer than ``need_tokens`` (or ``short``: the
+        caller knows they do)."""
+        registry = self.registry
+        end = registry.end
+        mark, size = registry.mark[:end], registry.size[:end]
+        if not short:
+            unmarked = mark < self.phase
+            short = int(np.dot(size, unmarked)) < need_tokens
+        if short:
+            self.new_phase()
+            unmarked = mark < self.phase
+        slots = np.flatnonzero(unmarked)
+        pages = size[slots]
+        page = self.cache.page_size
+        return slots, (pages // page if page > 1 else pages)
+
+    def _few_candidates(self, need_tokens: int, short: bool) -> tuple[list[int], list[int]]:
+        """``_candidate_slots`` with Python lists, for a registry of a few leaves."""
+        registry = self.registry
+        nodes, page = registry.nodes, self.cache.page_size
+        sizes = registry.size[: registry.end].tolist()
+        unlocked = [(i, n) for i, n in enumerate(nodes) if n is not None and not n.lock_ref]
+        if not short:
+            phase = self.phase
+            cand = [i for i, node in unlocked if node.mark_phase < phase]
+            short = sum(sizes[i] for i in cand) < need_tokens
+        if short:
+            self.new_phase()
+            cand = [i for i, _ in unlocked]  # after a new phase no leaf is marked
+        return cand, [sizes[i] // page for i in cand]
 
     def _parent_joins_tracker(self) -> Callable[[RadixNode], tuple[RadixNode, int] | None]:
         """When a leaf empties, does its parent become an unmarked, unlocked leaf?"""

@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from leaf_plans import draw_leaf_evictions
 from scipy.stats import chi2_contingency, gamma, kstest
 
 from engine_ext.cache import leaf_sampling
-from engine_ext.cache.leaf_sampling import _choose, draw_leaf_evictions
+from engine_ext.cache.leaf_sampling import _choose
 
 
 @dataclass(eq=False)

@@ -306,23 +306,6 @@ def test_eviction_registry_refuses_blank_and_duplicate_names(
     assert "rlt" in str(info.value)
 
 
-def test_drop_tails_deletes_emptied_leaves_then_their_parents_and_trims_the_rest() -> None:
-    """The batch of trims RLT's list path hands a tree (SGLang's has its own)."""
-    cache = RadixCache(100, "lru")
-    a = cache.insert((1, 2, 3, 4)).node
-    b = cache.insert((1, 2, 5)).node  # splits (1, 2) off as the parent of both
-    c = cache.insert((9, 9, 9)).node
-    parent = a.parent
-    assert parent is not None
-    assert parent is b.parent
-    freed = cache.drop_tails([(a, 2), (b, 1), (parent, 2), (c, 1)])
-    assert freed == 6
-    assert cache.total_tokens == 2
-    assert cache.peek_prefix((1, 2, 3, 4)) == 0
-    assert cache.peek_prefix((9, 9, 9)) == 2
-    cache.check_invariants()
-
-
 @pytest.mark.parametrize("chains", [2, 20], ids=["few", "many"])  # leaves: below / above 16
 def test_delete_emptied_removes_chains_children_first_and_frees_exactly_them(
     chains: int,

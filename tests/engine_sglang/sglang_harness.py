@@ -25,6 +25,7 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 from engine_ext.cache import RadixCache as ReferenceCache
+from engine_ext.cache.leaf_registry import LOCKED
 from engine_ext.sglang_rlt import RLTRadixCache
 
 DEVICE = os.environ.get("KVROUTE_TEST_DEVICE", "cpu")
@@ -124,9 +125,18 @@ def iter_nodes(cache: RadixCache) -> Iterator[Any]:
         stack.extend(node.children.values())
 
 
+def is_registered(node: Any) -> bool:
+    """An RLT leaf in the plugin's leaf registry (``engine_ext.sglang_rlt``)."""
+    return "rlt_leaves" in node.__dict__ and node.__dict__.get("slot", -1) >= 0
+
+
 def is_pending(node: Any) -> bool:
-    """An RLT leaf whose trim is recorded but not yet applied to its attributes."""
-    return "rlt_trim" in node.__dict__
+    """An RLT leaf that an eviction trimmed (its size in the registry) but whose attributes
+    are not cut yet."""
+    if not is_registered(node):
+        return False
+    state = node.__dict__
+    return int(state["rlt_leaves"].size[state["slot"]]) != state["rlt_len"]
 
 
 def key_and_value(node: Any, page: int) -> tuple[RadixKey, torch.Tensor]:
@@ -134,20 +144,49 @@ def key_and_value(node: Any, page: int) -> tuple[RadixKey, torch.Tensor]:
     (reading ``node.key`` would apply it: ``engine_ext.sglang_rlt``'s deferred trims)."""
     state = node.__dict__
     key, value = state["key"], state["value"]
-    if not is_pending(node):
+    if not is_registered(node):
+        if "rlt_len" in state:  # an RLT cache's inner node
+            assert type(node).__name__ == "TreeNode", "an inner node with deferred attributes"
+            assert state.get("slot", -1) == -1, "an inner node in the leaf registry"
         return key, value
-    keep, trim_page, stored = state["rlt_trim"]
-    assert stored == len(value) == len(key), "the trim's stored length is not the value's"
-    assert type(node).__name__ == "_PendingTrimNode", "a trim is pending on a plain node"
-    assert trim_page == page, "a pending trim of another page size"
-    assert not node.children, "a pending trim on an inner node"
-    assert node.lock_ref == 0, "a pending trim on a locked node"
-    assert 0 < keep < len(key), f"pending trim to {keep} of {len(key)}"
-    assert keep % page == 0, f"pending trim to {keep}: not whole pages"
+    leaves, slot = state["rlt_leaves"], state["slot"]
+    assert type(node).__name__ == "_RegisteredLeaf", "a registered leaf of a plain class"
+    assert leaves.nodes[slot] is node, "the registry's slot holds another node"
+    assert state["rlt_len"] == len(value) == len(key), "stored length is not the value's"
+    keep = int(leaves.size[slot])
+    assert leaves.page_size == page, "a registry of another page size"
+    assert not node.children, "a registered leaf has children"
+    assert 0 < keep <= len(key), f"registered size {keep} of {len(key)}"
+    assert keep % page == 0, f"registered size {keep}: not whole pages"
+    if keep < len(key):
+        assert node.lock_ref == 0, "a pending trim on a locked node"
     for name in ("hash_value", "event_hash_value"):
         hashes = state[name]
         assert hashes is None or len(hashes) >= keep // page, f"{name} shorter than the key"
     return key[:keep], value[:keep]
+
+
+def check_arena(cache: RLTRadixCache) -> None:
+    """Every node's value is the view of the arena that its offset and length say, and
+    every registered leaf's offset in the registry is its node's."""
+    arena = cache._arena
+    for node in iter_nodes(cache):
+        state = node.__dict__
+        value = state["value"]
+        assert arena is not None
+        assert value.untyped_storage().data_ptr() == arena.untyped_storage().data_ptr(), (
+            "a node's value is not a view of the arena"
+        )
+        assert value.storage_offset() == state["rlt_off"], "a node's arena offset drifted"
+        assert len(value) == state["rlt_len"], "a node's stored length drifted"
+        assert state["rlt_off"] + state["rlt_len"] <= cache._arena_top, "past the arena top"
+        if is_registered(node):
+            leaves = state["rlt_leaves"]
+            assert int(leaves.off[state["slot"]]) == state["rlt_off"], "registry offset drifted"
+            expected = LOCKED if node.lock_ref else node.mark_phase
+            assert int(leaves.mark[state["slot"]]) == expected, "registry mark or lock drifted"
+        elif not node.children:
+            raise AssertionError("a leaf missing from the registry")
 
 
 def check_tree(
@@ -189,6 +228,7 @@ def check_tree(
     assert len(values) == len(set(values)), "a KV slot is held by two nodes"
     if isinstance(cache, RLTRadixCache):
         assert cache.marked_tokens == marked, "marked-token count drifted"
+        check_arena(cache)
     if allocator is not None:
         assert set(values) <= allocator.in_use, "the tree holds a freed KV slot"
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang_harness import DEVICE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -45,50 +44,44 @@ def test_a_small_run_writes_both_policies_per_point(tmp_path: Path) -> None:
         assert row["floor_over_lru"] == pytest.approx(
             row["floor_ns_per_token"] / row["lru_ns_per_token"]
         )
+    (build,) = doc["builds"]
+    assert build["shape"] == "longdoc"
+    assert build["builds"] == len(sglang_eviction.EVICT_TOKENS)  # one per point and policy
+    assert build["lru_us_per_request"] > 0
+    assert build["rlt_us_per_request"] > 0
 
 
-def recorded_frees(cache: object) -> list[int]:
-    """Make ``cache``'s pool record the KV indices each ``free_segment`` call gets."""
+def recorded_frees(cache: object) -> list[list[int]]:
+    """Make ``cache``'s pool record the KV indices of each ``free_segment`` call."""
     allocator = cache.token_to_kv_pool_allocator  # type: ignore[attr-defined]
-    freed: list[int] = []
+    calls: list[list[int]] = []
     free_segment = allocator.free_segment
 
     def recording(indices: torch.Tensor, start_pos: int = 0) -> None:
-        freed.extend(indices.tolist())
+        calls.append(indices.tolist())
         free_segment(indices, start_pos=start_pos)
 
     allocator.free_segment = recording
-    return freed
+    return calls
 
 
-@pytest.mark.parametrize("tokens", [300, 14_000])
-def test_the_gather_floor_reads_the_leaves_rlt_trimmed_or_deleted(tokens: int) -> None:
-    """Equal builds share leaf positions, so the floor finds on a fresh tree exactly the
-    leaves that RLT's evict touched; gathering their tails frees the very indices RLT
-    freed (300 tokens: trims only), or those of every touched first leaf (14k of 20k: leaves
-    empty; a parent that then joins and loses tokens too is left out of the floor)."""
+def test_the_pool_floor_frees_as_many_of_the_trees_indices_in_one_call() -> None:
     keys = sglang_eviction.SHAPES["gsp"](np.random.default_rng(1), 20_000)
-    capacity = 25_000
-    evicted, fresh, sizes = (
-        sglang_eviction.rlt_tree(keys, capacity, 3, "sglang", DEVICE) for _ in range(3)
-    )
-    before = sglang_eviction.leaf_sizes_by_seq(sizes)
-    by_rlt = recorded_frees(evicted)
-    freed = evicted.evict(EvictParams(num_tokens=tokens)).num_tokens_evicted
-    assert freed == tokens
-    keeps = sglang_eviction.touched(before, sglang_eviction.leaf_sizes_by_seq(evicted))
-    firsts = {leaf.rlt_leaf_seq for leaf in fresh.evictable_leaves}
-    assert len(keeps.keys() & firsts) > len(firsts) // 2  # a spread, as RLT's draw is
-    assert keeps.keys() <= firsts  # parents that joined were split off: position -1
-    by_floor = recorded_frees(fresh)
-    assert sglang_eviction.timed_gather(fresh, keeps, freed, "views") > 0
-    if tokens == 300:
-        assert 0 not in keeps.values()
-        assert sorted(by_floor) == sorted(by_rlt)
-    else:
-        assert 0 in keeps.values()  # emptied
-        assert set(by_floor) <= set(by_rlt)
-        assert len(set(by_floor)) == sum(before[seq] - kept for seq, kept in keeps.items())
+    cache = sglang_eviction.build(keys, "rlt", 25_000, 3, "sglang", DEVICE)
+    held = set(cache.all_values_flatten().tolist())
+    calls = recorded_frees(cache)
+    assert sglang_eviction.timed_free(cache, 1_234) > 0
+    assert len(calls) == 1
+    assert len(calls[0]) == len(set(calls[0])) == 1_234
+    assert set(calls[0]) <= held
+
+
+def test_builds_are_timed_per_policy_and_paired() -> None:
+    row = sglang_eviction.build_row("gsp", 10, {"lru": [1_000, 3_000], "rlt": [2_000, 4_000]})
+    assert row["lru_us_per_request"] == 0.2  # median 2,000 ns over 10 requests
+    assert row["rlt_us_per_request"] == 0.3
+    assert row["rlt_over_lru"] == 1.667  # the median of 2 and 4/3, pair by pair
+    assert row["builds"] == 2
 
 
 @pytest.mark.parametrize("device", ["tpu", "cuda"])

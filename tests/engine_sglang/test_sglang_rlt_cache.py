@@ -17,6 +17,7 @@ from sglang_harness import (
     Worker,
     cache_params,
     check_tree,
+    is_pending,
     iter_nodes,
     lru_cache,
     radix_key,
@@ -24,7 +25,6 @@ from sglang_harness import (
     shared_prefix_requests,
 )
 
-from engine_ext import sglang_rlt
 from engine_ext.sglang_rlt import RLTRadixCache
 
 
@@ -133,14 +133,16 @@ def test_pages_go_whole_from_the_tail() -> None:
     check_tree(cache, allocator)
 
 
-@pytest.mark.parametrize("tails", ["gathered", "viewed"])
-def test_a_pending_trim_is_applied_when_sglang_first_reads_the_leaf(
-    tails: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def registered_size(node: Any) -> int:
+    """A registered leaf's size in the plugin's registry (its attributes may be longer)."""
+    state = node.__dict__
+    return int(state["rlt_leaves"].size[state["slot"]])
+
+
+def test_a_pending_trim_is_applied_when_sglang_first_reads_the_leaf() -> None:
     """Deferred trims: an evicted leaf keeps its old attributes until something reads one;
-    every SGLang path that does (match, split, insert, lock, delete) sees the cut leaf.
-    The freed tails are taken both ways (one index over all values, or a view per leaf)."""
-    monkeypatch.setattr(sglang_rlt, "_VIEW_NS", 10**9 if tails == "gathered" else 0)
+    every SGLang path that does (match, split, insert, lock, delete) sees the cut leaf, and
+    the freed tails come from the arena, each KV slot once."""
     cache, allocator = rlt_cache(100, page_size=2, enable_kv_cache_events=True)
     a = insert(cache, allocator, list(range(12)))
     b = insert(cache, allocator, list(range(100, 112)))
@@ -149,9 +151,11 @@ def test_a_pending_trim_is_applied_when_sglang_first_reads_the_leaf(
     cache.kv_events.take()
     cache.rlt.new_phase()
     assert evict(cache, 12) == 12
-    assert all(type(n).__name__ == "_PendingTrimNode" for n in (a, b, c))
+    assert all(type(n).__name__ == "_RegisteredLeaf" for n in (a, b, c))
+    assert all(is_pending(n) for n in (a, b, c))
     check_tree(cache, allocator, settle=False)
-    kept = {id(n): n.__dict__["rlt_trim"][0] for n in (a, b, c)}
+    kept = {id(n): registered_size(n) for n in (a, b, c)}
+    assert all(len(n.__dict__["key"]) == 12 for n in (a, b, c)), "the attributes wait"
     assert sum(kept.values()) == 36 - 12
     assert sorted(allocator.freed_log) == sorted(
         i for n in (a, b, c) for i in stored[id(n)][kept[id(n)] :]
@@ -160,28 +164,31 @@ def test_a_pending_trim_is_applied_when_sglang_first_reads_the_leaf(
     hit = match(cache, list(range(12)))
     assert hit.device_prefix_len == kept[id(a)]
     assert cache.path_device_indices(hit.last_device_node).tolist() == stored[id(a)][: kept[id(a)]]
-    assert type(a) is TreeNode
-    assert len(a.key) == a.value.numel() == kept[id(a)]
+    assert not is_pending(a)
+    assert len(a.__dict__["key"]) == a.__dict__["value"].numel() == kept[id(a)]
     assert len(a.hash_value) == kept[id(a)] // 2  # the KV events' hashes were cut too
     # An insert that splits b inside its kept part and extends it; a lock on the new leaf.
     split_at = kept[id(b)] - 2
     leaf = insert(cache, allocator, [*range(100, 100 + split_at), 7, 7])
-    assert type(b) is TreeNode
-    assert len(b.key) == 2  # b is the lower half of the split
+    assert not is_pending(b)
+    assert len(b.key) == registered_size(b) == 2  # b is the lower half of the split
+    assert b.value.tolist() == stored[id(b)][split_at : kept[id(b)]]
+    assert type(b.parent) is TreeNode  # the upper half is an inner node, never registered
     lock = cache.inc_lock_ref(leaf)
     assert cache.path_device_indices(leaf).tolist()[:split_at] == stored[id(b)][:split_at]
     cache.dec_lock_ref(leaf, lock.to_dec_params())
     # c, the one unmarked leaf now, is trimmed again while pending, then emptied with the
-    # rest: each KV slot comes back once, and c's only from its recorded length down.
-    assert type(c).__name__ == "_PendingTrimNode"
+    # rest: each KV slot comes back once, and c's only from its registered size down.
+    assert is_pending(c)
     freed_before = len(allocator.freed_log)
     assert evict(cache, 2) == 2
-    assert c.__dict__["rlt_trim"][0] == kept[id(c)] - 2
+    assert registered_size(c) == kept[id(c)] - 2
     assert allocator.freed_log[freed_before:] == stored[id(c)][kept[id(c)] - 2 : kept[id(c)]]
     check_tree(cache, allocator, settle=False)
     left = cache.evictable_size()
     assert evict(cache, 1_000) == left
     assert allocator.in_use == set()
+    assert all(type(n) is TreeNode for n in (a, b, c)), "deleted leaves leave the registry"
     events = cache.kv_events.take()
     removed = sum(len(e.block_hashes) for e in events if isinstance(e, BlockRemoved))
     assert removed == (36 + 2) // 2  # every page stored was reported removed once
