@@ -12,9 +12,9 @@ offers what it reads and calls. What is SGLang-specific lives in this module:
   and a split copies it to the new upper node;
 - the leaf registry: the reference cache's ``LeafRegistry`` (``leaf_registry``), kept up to
   date by the tree hooks (a new leaf joins, a leaf that gets a child or is deleted leaves,
-  ``_update_leaf_status`` records locks), so candidates, sizes and trims are numpy arrays,
-  in the order nodes became leaves: the reference cache's order, which makes a seeded run
-  reproducible and equal to the reference (``tests/engine_sglang``);
+  ``inc_lock_ref`` / ``dec_lock_ref`` record locks), so candidates, sizes and trims are
+  numpy arrays, in the order nodes became leaves: the reference cache's order, which makes
+  a seeded run reproducible and equal to the reference (``tests/engine_sglang``);
 - the arena: every node's KV indices live in one tensor and a node's ``value`` is a view of
   it (``_place`` on insert, ``_split_node`` re-points both halves); the registry holds each
   leaf's offset. The KV indices an eviction frees are then runs of the arena, taken with
@@ -84,6 +84,9 @@ _DEFAULT_LOG_EVERY = 1000
 _MIN_ARENA = 2048  # tokens: the arena holds at least twice this (``_pack_arena``)
 # Up to this many runs of the arena to free, a slice each; more, one index over all.
 _FEW_RUNS = 16
+# Gather freed KV indices with numpy on a CPU arena (``_free_queued``); tests turn it off to
+# run the torch path that a GPU arena takes.
+_NUMPY_GATHER = True
 
 
 def _cut_key(key: RadixKey, keep: int) -> RadixKey:
@@ -399,10 +402,21 @@ class RLTRadixCache(RadixCache):
             self._leaves.size[slot] = length - split_len
         return upper
 
-    def _update_leaf_status(self, node: Any) -> None:
-        super()._update_leaf_status(node)
+    def inc_lock_ref(self, node: Any) -> Any:
+        result = super().inc_lock_ref(node)
+        self._lock_changed(node)
+        return result
+
+    def dec_lock_ref(self, node: Any, params: Any = None) -> Any:
+        result = super().dec_lock_ref(node, params)
+        self._lock_changed(node)
+        return result
+
+    def _lock_changed(self, node: Any) -> None:
+        """A lock on the path from ``node`` was taken or released: of that path only
+        ``node`` can be a leaf, and a locked leaf is no candidate."""
         slot = node.__dict__.get("slot", -1)
-        if slot >= 0:  # a lock taken or released: a locked leaf is no candidate
+        if slot >= 0:
             self._leaves.mark[slot] = LOCKED if node.lock_ref else node.mark_phase
 
     def _place(self, node: Any) -> None:
@@ -463,7 +477,7 @@ class RLTRadixCache(RadixCache):
                 off[state["slot"]] = top
             top += length
         self._arena = arena
-        self._arena_np = arena.numpy() if arena.device.type == "cpu" else None
+        self._arena_np = arena.numpy() if _NUMPY_GATHER and arena.device.type == "cpu" else None
         self._arena_top = live
         return arena
 
@@ -513,8 +527,11 @@ class RLTRadixCache(RadixCache):
             else:
                 indices = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
         else:
-            starts = np.concatenate([np.asarray(run[0], dtype=np.int64) for run in runs])
-            lengths = np.concatenate([np.asarray(run[1], dtype=np.int64) for run in runs])
+            if len(runs) == 1:  # one batch of trims, the common case
+                starts, lengths = (np.asarray(column, dtype=np.int64) for column in runs[0])
+            else:
+                starts = np.concatenate([np.asarray(run[0], dtype=np.int64) for run in runs])
+                lengths = np.concatenate([np.asarray(run[1], dtype=np.int64) for run in runs])
             positions = _runs(starts, lengths)
             if mirror is None:
                 indices = arena.index_select(0, torch.from_numpy(positions).to(arena.device))

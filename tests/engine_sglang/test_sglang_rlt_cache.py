@@ -25,6 +25,7 @@ from sglang_harness import (
     shared_prefix_requests,
 )
 
+from engine_ext import sglang_rlt
 from engine_ext.sglang_rlt import RLTRadixCache
 
 
@@ -195,6 +196,31 @@ def test_a_pending_trim_is_applied_when_sglang_first_reads_the_leaf() -> None:
     check_tree(cache, allocator)
 
 
+def test_a_full_arena_is_packed_and_every_value_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The arena holds twice the pool; once its end is reached (evicted and trimmed
+    tokens leave holes), the next insert packs the live KV indices into a new one and
+    points every node, leaves and inner nodes, at it."""
+    monkeypatch.setattr(sglang_rlt, "_MIN_ARENA", 0)
+    cache, allocator = rlt_cache(40)
+    worker = Worker(cache, allocator)
+    arenas = []
+    for ids in shared_prefix_requests(2, 60):
+        worker.serve(ids)
+        if not arenas or cache._arena is not arenas[-1]:
+            arenas.append(cache._arena)
+        check_tree(cache, allocator, settle=False)
+    assert len(arenas) >= 3, "the arena was packed at least twice"
+    assert all(len(arena) == 80 for arena in arenas)  # twice the pool of 40
+    assert cache._arena_top <= 80
+    paths = {id(n): cache.path_device_indices(n).tolist() for n in iter_nodes(cache)}
+    cache._pack_arena(0, cache._arena, None)  # an explicit pack changes no node's indices
+    assert {id(n): cache.path_device_indices(n).tolist() for n in iter_nodes(cache)} == paths
+    assert cache._arena_top == cache.total_size()
+    check_tree(cache, allocator)
+    evict(cache, 1_000)
+    assert allocator.in_use == set()
+
+
 def test_reset_flushes_tree_and_marks() -> None:
     cache, allocator = rlt_cache(50)
     worker = Worker(cache, allocator)
@@ -224,14 +250,38 @@ _ops = st.lists(
 
 
 @pytest.mark.parametrize(
-    ("page_size", "eagle"), [(1, False), (4, False), (1, True)], ids=["page1", "page4", "eagle"]
+    ("page_size", "eagle", "gather"),
+    [
+        (1, False, "numpy"),
+        (4, False, "numpy"),
+        (1, True, "numpy"),
+        (1, False, "numpy-index"),
+        (2, False, "torch"),
+        (1, False, "torch-index"),
+    ],
+    ids=["page1", "page4", "eagle", "page1-index", "page2-torch", "page1-torch-index"],
 )
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(ops=_ops, seed=st.integers(0, 3))
 def test_random_sequences_keep_every_invariant(
-    page_size: int, eagle: bool, ops: list[tuple[str, Any]], seed: int
+    page_size: int,
+    eagle: bool,
+    gather: str,
+    ops: list[tuple[str, Any]],
+    seed: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Sizes recount, each KV slot is freed once, locked paths never lose a token."""
+    """Sizes recount, each KV slot is freed once, locked paths never lose a token; the
+    freed indices gathered from the arena every way (numpy on a CPU arena or torch, as on
+    a GPU; a slice per run, or one index: ``-index``)."""
+    monkeypatch.setattr(sglang_rlt, "_MIN_ARENA", 0)  # twice the pool: packs come often
+    monkeypatch.setattr(sglang_rlt, "_NUMPY_GATHER", gather.startswith("numpy"))
+    if gather.endswith("-index"):
+        monkeypatch.setattr(sglang_rlt, "_FEW_RUNS", 0)
     cache, allocator = rlt_cache(48, page_size, seed=seed, is_eagle=eagle)
     worker = Worker(cache, allocator)
     locks: list[tuple[Any, Any, list[int]]] = []
