@@ -247,9 +247,8 @@ def leaf_state(cache: RadixCache) -> list[tuple[int, int]]:
 def test_few_leaf_and_vectorised_paths_make_the_same_draws(
     leaves: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both eviction paths of the reference cache consume the seeded generator the same way
-    (as ``draw_leaf_counts`` would), so the SGLang plugin, which draws through
-    ``draw_leaf_evictions``, stays equal to the reference whichever path runs."""
+    """Both eviction paths (Python lists for a few leaves, numpy arrays) consume the seeded
+    generator the same way (as ``draw_leaf_counts`` would) and end with the same trees."""
     from engine_ext.cache import rlt as rlt_module
 
     gen = np.random.default_rng(leaves)
