@@ -367,6 +367,12 @@ class RLTRadixCache(RadixCache):
     def _insert_helper(
         self, node: Any, key: RadixKey, value: Any, priority: int = 0, inserted_len: int = 0
     ) -> tuple[int, Any]:
+        arena = self._arena
+        if arena is not None and (value.dtype != arena.dtype or value.device != arena.device):
+            raise RuntimeError(  # refused before the tree changes
+                f"KV indices of {value.dtype} on {value.device} in a tree of {arena.dtype} on "
+                f"{arena.device}: every value must come from the one KV pool allocator"
+            )
         prefix_len, last_node = super()._insert_helper(node, key, value, priority, inserted_len)
         if prefix_len < len(key):  # the helper created ``last_node`` as a new leaf
             state = last_node.__dict__
@@ -427,11 +433,6 @@ class RLTRadixCache(RadixCache):
         arena = self._arena
         if arena is None or self._arena_top + n > arena.shape[0]:
             arena = self._pack_arena(n, value, node)
-        elif value.dtype != arena.dtype or value.device != arena.device:
-            raise RuntimeError(
-                f"KV indices of {value.dtype} on {value.device} in a tree of {arena.dtype} on "
-                f"{arena.device}: every value must come from the one KV pool allocator"
-            )
         top = self._arena_top
         view = arena[top : top + n]
         view.copy_(value)

@@ -226,9 +226,20 @@ def test_reset_flushes_tree_and_marks() -> None:
     worker = Worker(cache, allocator)
     for ids in shared_prefix_requests(0, 40):
         worker.serve(ids)
+    cache.rlt.new_phase()
+    evict(cache, 7)  # pending trims on the leaves that are flushed next
+    old = list(cache._leaves)
+    assert any(is_pending(node) for node in old)
+    held = {id(n): n.__dict__["value"][: registered_size(n)].tolist() for n in old}
     cache.reset()
     assert cache.total_size() == 0
     assert cache.marked_tokens == 0
+    assert len(cache._leaves) == 0
+    for node in old:  # detached: plain nodes, cut to what they held
+        assert type(node) is TreeNode
+        assert node.slot == -1
+        assert node.value.tolist() == held[id(node)]
+        assert len(node.key) == len(held[id(node)])
     worker.allocator = allocator = TrackingAllocator(50)
     cache.token_to_kv_pool_allocator = allocator
     for ids in shared_prefix_requests(1, 40):
@@ -365,6 +376,16 @@ def test_kv_events_remove_exactly_what_was_stored(
     assert removed > 0
     assert live == _live_blocks(cache, page_size)
     check_tree(cache, allocator)
+
+
+def test_values_of_another_dtype_than_the_arena_are_refused() -> None:
+    cache, allocator = rlt_cache(30)
+    insert(cache, allocator, [1, 2, 3])
+    odd = allocator.alloc(2).to(torch.int32)
+    with pytest.raises(RuntimeError, match=r"torch\.int32 .* torch\.int64 .* one KV pool"):
+        cache.insert(InsertParams(key=radix_key([7, 8]), value=odd))
+    assert cache.total_size() == 3  # refused before the tree changed
+    check_tree(cache)
 
 
 def test_values_stay_tensors_of_the_right_dtype() -> None:
