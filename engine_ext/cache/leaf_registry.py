@@ -136,7 +136,3 @@ class LeafRegistry:
             arr = getattr(self, name)
             arr[:live] = arr[keep]
             arr[live:end] = fill
-
-    def unlocked_slots(self) -> np.ndarray:
-        """Slots of the unlocked leaves, in order."""
-        return np.flatnonzero(self.mark[: len(self.nodes)] != LOCKED)
