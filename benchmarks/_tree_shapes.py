@@ -127,7 +127,9 @@ def eviction_row(
         if r_freed and l_freed and l_ns
     ]
     if len(paired) >= 2:
-        low, _, high = statistics.quantiles(paired, n=4)
+        # "inclusive": quartiles within the samples' range (the default extrapolates past
+        # it for a few samples, even below zero)
+        low, _, high = statistics.quantiles(paired, n=4, method="inclusive")
         row["paired_ratio_quartiles"] = [round(low, 3), round(high, 3)]
         row["paired_ratio_text"] = f"{low:.2f}-{high:.2f}x"
     else:

@@ -26,11 +26,18 @@ def test_a_row_pairs_the_repetitions_and_reports_their_quartiles() -> None:
     assert row["rlt_ns_per_token"] == 5.0
     assert row["rlt_over_lru_text"] == "3.33x"
     assert row["meets_target"] == "no"
-    # statistics.quantiles (exclusive method) of [2, 3, 4, 4]: 2.25 and 4.0
-    assert row["paired_ratio_quartiles"] == [2.25, 4.0]
-    assert row["paired_ratio_text"] == "2.25-4.00x"
+    # statistics.quantiles (inclusive method) of [2, 3, 4, 4]: 2.75 and 4.0
+    assert row["paired_ratio_quartiles"] == [2.75, 4.0]
+    assert row["paired_ratio_text"] == "2.75-4.00x"
     one = {p: {"ns": got["ns"][:1], "freed": got["freed"][:1]} for p, got in samples.items()}
     assert eviction_row("gsp", 1_000, one, 1.5)["paired_ratio_text"] == "n/a"
+    # Two far-apart repetitions (ratios 0.5 and 10): the quartiles stay between them, where
+    # the exclusive method would extrapolate below zero.
+    two = {
+        "lru": {"ns": [2_000, 1_000], "freed": [1_000, 1_000]},
+        "rlt": {"ns": [1_000, 10_000], "freed": [1_000, 1_000]},
+    }
+    assert eviction_row("gsp", 1_000, two, 1.5)["paired_ratio_quartiles"] == [2.875, 7.625]
 
 
 @pytest.mark.slow

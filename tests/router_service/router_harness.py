@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -75,6 +76,28 @@ def free_port() -> int:
         return port
 
 
+def port_outside_ephemeral_range() -> int:
+    """A free port below the kernel's ephemeral range, for a server that is stopped and
+    started again on the same port (Redis): no socket bound to port 0, and no outgoing
+    connection, is ever given such a port, so none can take it while the server is down."""
+    low = 32768  # Linux's default ip_local_port_range starts here
+    with (
+        contextlib.suppress(OSError, ValueError, IndexError),
+        open("/proc/sys/net/ipv4/ip_local_port_range") as ports,
+    ):
+        low = int(ports.read().split()[0])
+    candidates = list(range(max(1024, low - 16384), low))
+    random.shuffle(candidates)
+    for port in candidates[:256]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
 def wait_until(check: Callable[[], bool], timeout_s: float = 5.0, every_s: float = 0.02) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -125,10 +148,11 @@ class RouterServer:
 
 
 class RedisServer:
-    """A real ``redis-server`` on a fixed free port; can be stopped and started again."""
+    """A real ``redis-server`` on a fixed free port; can be stopped and started again (the
+    port lies outside the ephemeral range, so no other test server takes it meanwhile)."""
 
     def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
+        self.port = port or port_outside_ephemeral_range()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
