@@ -86,7 +86,7 @@ def port_outside_ephemeral_range() -> int:
         open("/proc/sys/net/ipv4/ip_local_port_range") as ports,
     ):
         low = int(ports.read().split()[0])
-    candidates = list(range(max(1024, low - 16384), low))
+    candidates = [p for p in range(max(1024, low - 16384), low) if p not in _HANDED_OUT]
     random.shuffle(candidates)
     for port in candidates[:256]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -94,8 +94,12 @@ def port_outside_ephemeral_range() -> int:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT.add(port)  # never twice: its server may not have bound it yet
+        return port
     return free_port()
+
+
+_HANDED_OUT: set[int] = set()
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float = 5.0, every_s: float = 0.02) -> bool:

@@ -32,7 +32,14 @@ from typing import Any
 import httpx
 import pytest
 from fake_worker import FakeWorker
-from router_harness import RedisServer, RouterServer, free_port, http_client, wait_until
+from router_harness import (
+    RedisServer,
+    RouterServer,
+    free_port,
+    http_client,
+    port_outside_ephemeral_range,
+    wait_until,
+)
 
 ERROR_EVENT_TYPE = '"type": "upstream_broken"'
 
@@ -81,7 +88,9 @@ class EmulatedWorker:
 
 @pytest.fixture
 def emulated_workers() -> Iterator[list[EmulatedWorker]]:
-    pool = [EmulatedWorker(free_port()).spawn() for _ in range(4)]
+    # Workers come back on their port after a kill: one outside the ephemeral range, which no
+    # socket bound to port 0 takes meanwhile.
+    pool = [EmulatedWorker(port_outside_ephemeral_range()).spawn() for _ in range(4)]
     try:
         for worker in pool:
             worker.wait_healthy()
