@@ -28,13 +28,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine_ext.cache.leaf_sampling import FEW_LEAVES, draw_first_round, draw_leaf_counts
+from engine_ext.cache.leaf_sampling import FEW_LEAVES, Draws, draw_first_round, draw_leaf_counts
 
 if TYPE_CHECKING:
     from engine_ext.cache.node import RadixNode
     from engine_ext.cache.radix import RadixCache
 
 __all__ = ["RLTEviction"]
+
+_min, _sum = np.minimum.reduce, np.add.reduce  # without numpy's Python-level wrappers
 
 
 class RLTEviction:
@@ -45,7 +47,7 @@ class RLTEviction:
     def __init__(self, cache: RadixCache, rng: random.Random) -> None:
         self.cache = cache
         # One numpy generator for the batched draws, seeded from the injected RNG.
-        self.gen = np.random.default_rng(rng.getrandbits(64))
+        self.gen = Draws(rng.getrandbits(64))
         self.phase = 0
         self.marked_tokens = 0
         self.phases_started = 0
@@ -88,6 +90,7 @@ class RLTEviction:
         need = -(-num_tokens // page)
         short = self._start_phase_if_due(need * page)
         drawn: tuple[np.ndarray, np.ndarray | None] | None = None
+        smallest: int | None = None
         if registry.live <= FEW_LEAVES:  # Python lists; the same draws (draw_first_round)
             cand, cand_pages = self._few_candidates(need * page, short)
             if not cand:
@@ -99,7 +102,7 @@ class RLTEviction:
             slots = np.asarray(cand, dtype=np.int64)
             pages = np.asarray(cand_pages, dtype=np.int64)
         else:
-            slots, pages = self._candidate_slots(need * page, short)
+            slots, pages, smallest = self._candidate_slots(need * page, short)
             if not len(slots):
                 return 0
         nodes = registry.nodes
@@ -119,7 +122,9 @@ class RLTEviction:
             joined_pages.append(joined[1])
             return joined[1]
 
-        counts, emptied = draw_leaf_counts(pages, need, self.gen, parent_joins, first=drawn)
+        counts, emptied = draw_leaf_counts(
+            pages, need, self.gen, parent_joins, first=drawn, smallest=smallest
+        )
         if not emptied:  # the common case: every candidate loses a few pages, none empties
             # (parents the walk saw join after the target have labels past k, and no pages)
             taken = counts[:k]
@@ -147,37 +152,47 @@ class RLTEviction:
             return False
         return cache.total_tokens - self.marked_tokens < need_tokens
 
-    def _candidate_slots(self, need_tokens: int, short: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Registry slots of the unmarked, unlocked leaves and their sizes in pages, after
-        starting a new phase if those hold fewer than ``need_tokens`` (or ``short``: the
-        caller knows they do)."""
+    def _candidate_slots(self, need_tokens: int, short: bool) -> tuple[np.ndarray, np.ndarray, int]:
+        """Registry slots of the unmarked, unlocked leaves, their sizes in pages and the
+        smallest size (0 if there are none), after starting a new phase if those hold
+        fewer than ``need_tokens`` (or ``short``: the caller knows they do).
+
+        Cold numpy calls are most of a small eviction's cost, so this makes few: no sum of
+        the sizes when the candidates times the smallest already reach ``need_tokens``, and
+        ufunc reductions called directly."""
         registry = self.registry
         end = registry.end
         mark, size = registry.mark[:end], registry.size[:end]
         if not short:
-            unmarked = mark < self.phase
-            short = int(np.dot(size, unmarked)) < need_tokens
+            slots = (mark < self.phase).nonzero()[0]
+            tokens = size[slots]
+            smallest = int(_min(tokens)) if len(slots) else 0
+            short = len(slots) * smallest < need_tokens and int(_sum(tokens)) < need_tokens
         if short:
             self.new_phase()
-            unmarked = mark < self.phase
-        slots = np.flatnonzero(unmarked)
-        pages = size[slots]
+            slots = (mark < self.phase).nonzero()[0]
+            tokens = size[slots]
+            smallest = int(_min(tokens)) if len(slots) else 0
         page = self.cache.page_size
-        return slots, (pages // page if page > 1 else pages)
+        if page > 1:
+            return slots, tokens // page, smallest // page
+        return slots, tokens, smallest
 
     def _few_candidates(self, need_tokens: int, short: bool) -> tuple[list[int], list[int]]:
-        """``_candidate_slots`` with Python lists, for a registry of a few leaves."""
+        """``_candidate_slots`` with Python lists, for a registry of a few leaves (read from
+        its arrays, as there: the nodes themselves are not touched)."""
         registry = self.registry
-        nodes, page = registry.nodes, self.cache.page_size
-        sizes = registry.size[: registry.end].tolist()
-        unlocked = [(i, n) for i, n in enumerate(nodes) if n is not None and not n.lock_ref]
+        end = registry.end
+        marks, sizes = registry.mark[:end].tolist(), registry.size[:end].tolist()
         if not short:
             phase = self.phase
-            cand = [i for i, node in unlocked if node.mark_phase < phase]
+            cand = [i for i, mark in enumerate(marks) if mark < phase]
             short = sum(sizes[i] for i in cand) < need_tokens
         if short:
             self.new_phase()
-            cand = [i for i, _ in unlocked]  # after a new phase no leaf is marked
+            phase = self.phase  # no leaf is marked now: every unlocked one is a candidate
+            cand = [i for i, mark in enumerate(marks) if mark < phase]
+        page = self.cache.page_size
         return cand, [sizes[i] // page for i in cand]
 
     def _parent_joins_tracker(self) -> Callable[[RadixNode], tuple[RadixNode, int] | None]:

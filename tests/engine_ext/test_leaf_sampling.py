@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from leaf_plans import draw_leaf_evictions
-from scipy.stats import chi2_contingency, gamma, kstest
+from scipy.stats import chi2_contingency, chisquare, gamma, kstest
 
 from engine_ext.cache import leaf_sampling
 from engine_ext.cache.leaf_sampling import _choose
@@ -213,7 +213,7 @@ def test_shortcuts_match_the_per_page_definition(
 def check_against_definition(sizes: dict[str, int], need: int, extra: dict[str, Any]) -> None:
     leaves, everything = small_tree(sizes)
     rng = random.Random(1234 + need)
-    gen = np.random.default_rng(4321 + need)
+    gen = leaf_sampling.Draws(4321 + need, buffer=64)  # RLT's generator; refills often
     literal_draws = [
         outcome(literal_evictions(leaves, need, rng), everything) for _ in range(SAMPLES)
     ]
@@ -327,7 +327,7 @@ def test_few_leaves_start_with_python_lists_and_make_the_same_draws(
     plans: dict[bool, list[list[tuple[str, int]]]] = {}
     for few in (True, False):
         monkeypatch.setattr(leaf_sampling, "FEW_LEAVES", 32 if few else -1)
-        gen = np.random.default_rng(5)
+        gen = leaf_sampling.Draws(5, buffer=64)
         plans[few] = []
         for need in [1, 2, 3, 5, 9, 13] * 40:
             leaves, _ = small_tree(sizes)
@@ -347,3 +347,40 @@ def test_parent_clocks_are_gamma_distributed_whether_drawn_alone_or_in_batches()
         assert kstest(values, gamma(pages).cdf).pvalue > 1e-3, pages
     firsts = [leaf_sampling._GammaDraws(np.random.default_rng(s))(3) for s in range(2_000)]
     assert kstest(firsts, gamma(3).cdf).pvalue > 1e-3  # the scalar first draws alone
+
+
+def test_buffered_picks_are_uniform_and_each_uniform_is_used_once() -> None:
+    """``Draws.picks``: i.i.d. uniform picks from a buffer of uniforms, across refills and
+    for a request larger than the buffer (drawn directly)."""
+    draws = leaf_sampling.Draws(9, buffer=1_000)
+    sizes = [1, 999, 500, 501, 1_000, 3, 2_500, *range(1, 400, 7)] * 12
+    picks = np.concatenate([draws.picks(7, n) for n in sizes])
+    assert len(picks) == sum(sizes)
+    assert picks.dtype.kind == "i"
+    assert picks.min() == 0
+    assert picks.max() == 6
+    counts = np.bincount(picks, minlength=7)
+    assert chisquare(counts).pvalue > 1e-3, counts
+    # With ~2**52 leaves, two picks are equal only if they came from the same uniform: no
+    # uniform is served twice, within a buffer or after a refill.
+    many = np.concatenate([draws.picks(2**52, n) for n in (600, 300, 300, 1_200, 999)])
+    assert len(np.unique(many)) == len(many)
+
+
+def test_the_largest_uniform_still_picks_a_leaf_in_range() -> None:
+    """floor(u * leaves) for the largest uniform below 1 is ``leaves - 1``, never
+    ``leaves``, whatever the leaf count (up to 2**53)."""
+    draws = leaf_sampling.Draws(0, buffer=8)
+    for leaves in (1, 3, 264, 1_000_003, 2**31 - 1, 2**40 + 7, 2**52 + 1, 2**53 - 1):
+        draws._uniforms[:] = np.nextafter(1.0, 0.0)
+        draws._used = 0
+        assert draws.picks(leaves, 8).tolist() == [leaves - 1] * 8, leaves
+
+
+def test_a_seed_gives_the_same_picks() -> None:
+    def run(seed: int) -> list[int]:
+        draws = leaf_sampling.Draws(seed, buffer=50)
+        return np.concatenate([draws.picks(11, n) for n in (20, 40, 60, 5)]).tolist()
+
+    assert run(3) == run(3)
+    assert run(3) != run(4)

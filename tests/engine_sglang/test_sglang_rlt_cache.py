@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -140,11 +141,18 @@ def registered_size(node: Any) -> int:
     return int(state["rlt_leaves"].size[state["slot"]])
 
 
-def test_a_pending_trim_is_applied_when_sglang_first_reads_the_leaf() -> None:
+def test_a_pending_trim_is_applied_when_sglang_first_reads_the_leaf(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Deferred trims: an evicted leaf keeps its old attributes until something reads one;
     every SGLang path that does (match, split, insert, lock, delete) sees the cut leaf, and
     the freed tails come from the arena, each KV slot once."""
     cache, allocator = rlt_cache(100, page_size=2, enable_kv_cache_events=True)
+    # The draw is fixed here (picks in turn over the candidates, last first: two pages off
+    # each of three), so that every leaf is cut and none emptied, whatever the seeded stream.
+    monkeypatch.setattr(
+        cache.rlt.gen, "picks", lambda leaves, n: leaves - 1 - np.arange(n) % leaves
+    )
     a = insert(cache, allocator, list(range(12)))
     b = insert(cache, allocator, list(range(100, 112)))
     c = insert(cache, allocator, list(range(200, 212)))
@@ -153,6 +161,7 @@ def test_a_pending_trim_is_applied_when_sglang_first_reads_the_leaf() -> None:
     cache.rlt.new_phase()
     assert evict(cache, 12) == 12
     assert all(type(n).__name__ == "_RegisteredLeaf" for n in (a, b, c))
+    assert [registered_size(n) for n in (a, b, c)] == [8, 8, 8]
     assert all(is_pending(n) for n in (a, b, c))
     check_tree(cache, allocator, settle=False)
     kept = {id(n): registered_size(n) for n in (a, b, c)}
@@ -178,8 +187,9 @@ def test_a_pending_trim_is_applied_when_sglang_first_reads_the_leaf() -> None:
     lock = cache.inc_lock_ref(leaf)
     assert cache.path_device_indices(leaf).tolist()[:split_at] == stored[id(b)][:split_at]
     cache.dec_lock_ref(leaf, lock.to_dec_params())
-    # c, the one unmarked leaf now, is trimmed again while pending, then emptied with the
-    # rest: each KV slot comes back once, and c's only from its registered size down.
+    # c (unmarked, as is b's lower half; the fixed draw takes the last candidate) is
+    # trimmed again while pending, then emptied with the rest: each KV slot comes back
+    # once, and c's only from its registered size down.
     assert is_pending(c)
     freed_before = len(allocator.freed_log)
     assert evict(cache, 2) == 2
