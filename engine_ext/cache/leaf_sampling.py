@@ -39,6 +39,7 @@ import bisect
 import heapq
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -107,6 +108,19 @@ class Draws(np.random.Generator):
         uniforms = self._uniforms[self._used : self._used + n]
         self._used += n
         return (uniforms * leaves).astype(np.intp)
+
+    def __reduce__(self) -> tuple[Callable[..., Draws], tuple[Any, ...]]:  # type: ignore[override]
+        # numpy's own reduce would rebuild a plain Generator, without the buffer.
+        state = (self.bit_generator.state, self._buffer, self._uniforms.copy(), self._used)
+        return _rebuild_draws, state
+
+
+def _rebuild_draws(state: dict[str, Any], buffer: int, uniforms: np.ndarray, used: int) -> Draws:
+    """A copy or unpickling of a ``Draws``: the same stream from where it was."""
+    draws = Draws(0, buffer)
+    draws.bit_generator.state = state
+    draws._uniforms, draws._used = uniforms, used
+    return draws
 
 
 def draw_leaf_counts(

@@ -9,6 +9,8 @@ compared with a chi-square test of homogeneity.
 
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -384,3 +386,14 @@ def test_a_seed_gives_the_same_picks() -> None:
 
     assert run(3) == run(3)
     assert run(3) != run(4)
+
+
+def test_a_copy_or_a_pickle_of_draws_goes_on_with_the_same_stream() -> None:
+    draws = leaf_sampling.Draws(8, buffer=40)
+    draws.picks(9, 25)
+    for duplicate in (copy.deepcopy, lambda d: pickle.loads(pickle.dumps(d))):
+        copied = duplicate(draws)
+        assert type(copied) is leaf_sampling.Draws
+        assert copied.picks(9, 30).tolist() == draws.picks(9, 30).tolist()  # a refill too
+        assert copied.random() == draws.random()
+        draws = copied
