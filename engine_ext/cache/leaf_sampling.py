@@ -328,7 +328,9 @@ def _draw_picks(
     when many picks per leaf make one multinomial draw of the counts cheaper). A ``Draws``
     serves the picks from its buffer; any other generator draws them."""
     if need >= _MULTINOMIAL_PICKS_PER_LEAF * leaves:
-        return gen.multinomial(need, np.full(leaves, 1.0 / leaves)), None
+        # Probabilities as a list: numpy converts it inside the call, which costs less cold
+        # than a separate ``np.full`` (the same float64 values, so the same draw).
+        return gen.multinomial(need, [1.0 / leaves] * leaves), None
     if isinstance(gen, Draws):
         picks = gen.picks(leaves, need)
     else:
