@@ -73,7 +73,7 @@ METHODS = ("multinomial", "cut", "continuous")
 
 # ufunc reductions called directly: ``ndarray.min()`` and friends go through a Python-level
 # wrapper in numpy, which an eviction pays cold (a few microseconds each).
-_min, _max = np.minimum.reduce, np.maximum.reduce
+_min, _max, _sum = np.minimum.reduce, np.maximum.reduce, np.add.reduce
 
 
 class Draws(np.random.Generator):
@@ -180,7 +180,7 @@ def draw_leaf_counts(
         state.cut_round(first)
     if chosen == "multinomial":
         while state.need > 0 and len(state.active):
-            m = min(state.need, int(state.remaining.min()))
+            m = min(state.need, int(_min(state.remaining)))
             if state.need > m * max_rounds:
                 break
             state.multinomial_round(m)
@@ -260,7 +260,7 @@ class _Rounds:
     def multinomial_round(self, m: int) -> None:
         k = len(self.active)
         self._take(self.gen.multinomial(m, np.full(k, 1.0 / k)), m)
-        if self.remaining.min() == 0:  # at most one leaf: it took all m picks of this round
+        if _min(self.remaining) == 0:  # at most one leaf: it took all m picks of this round
             self._empty(int(np.argmin(self.remaining)))
 
     def cut_round(self, drawn: tuple[np.ndarray, np.ndarray | None] | None = None) -> None:
@@ -404,7 +404,7 @@ def _continuous_draw(
                 arrays = _arrays(start_list, end_list, size_list)
                 zeros = np.zeros(len(size_list), dtype=np.int64)
                 at_stop = _bridge(*arrays, 0.0, np.inf, zeros, None, t_stop, gen)
-                if int(at_stop.sum()) >= need:  # the target lies before t_stop
+                if int(_sum(at_stop)) >= need:  # the target lies before t_stop
                     times = [end_list[i] for i in events]
                     t_low = _time_at_area(need - (stop_area - need), times, areas, actives, k)
                     counts = _counts_below(
@@ -519,7 +519,7 @@ def _counts_below(
         )
     at_low = _bridge(*arrays, 0.0, t_stop, zeros, at_stop, t_low, gen)
     split = bisect.bisect_right(times, t_low)
-    if int(at_low.sum()) < need:
+    if int(_sum(at_low)) < need:
         return _counts_at_target(
             *arrays, times[split:], events[split:], need, gen, t_low, at_low, t_stop, at_stop, None
         )
@@ -560,12 +560,12 @@ def _counts_at_target(
     ring falls exactly at ``t_hi``, or None when ``t_hi`` is not an emptying.
     """
     lo_i, hi_i = -1, len(event_times)
-    lo_sum, hi_sum = int(lo_counts.sum()), int(hi_counts.sum())
+    lo_sum, hi_sum = int(_sum(lo_counts)), int(_sum(hi_counts))
     while hi_i - lo_i > 1 and hi_sum - lo_sum > _SORT_GAP_RINGS:
         mid = (lo_i + hi_i) // 2
         t = event_times[mid]
         mid_counts = _bridge(start, end, size, t_lo, t_hi, lo_counts, hi_counts, t, gen)
-        mid_sum = int(mid_counts.sum())
+        mid_sum = int(_sum(mid_counts))
         if mid_sum >= need:
             hi_i, t_hi, hi_counts, hi_ring, hi_sum = mid, t, mid_counts, event_leaf[mid], mid_sum
         else:

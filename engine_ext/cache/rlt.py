@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RLTEviction"]
 
-_min, _sum = np.minimum.reduce, np.add.reduce  # without numpy's Python-level wrappers
+# ufunc reductions without numpy's Python-level wrappers (see ``leaf_sampling``)
+_min, _sum, _any = np.minimum.reduce, np.add.reduce, np.logical_or.reduce
 
 
 class RLTEviction:
@@ -135,7 +136,7 @@ class RLTEviction:
         # few parents that joined and lost only part of their pages.
         first = counts[:k]
         partial = (first > 0) & (first < pages)
-        freed = cache.cut_tails(slots[partial], first[partial] * page) if partial.any() else 0
+        freed = cache.cut_tails(slots[partial], first[partial] * page) if _any(partial) else 0
         freed += cache.delete_emptied([label_nodes[label] for label in emptied])
         joined = label_nodes[k:]
         for node, taken, size in zip(joined, counts[k:].tolist(), joined_pages, strict=True):
