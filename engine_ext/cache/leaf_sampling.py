@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FEW_LEAVES", "Draws", "draw_first_round", "draw_leaf_counts"]
+__all__ = ["FEW_LEAVES", "Draws", "draw_first_counts", "draw_first_round", "draw_leaf_counts"]
 
 # ``parent_joins(label)``: called when the leaf ``label`` empties; returns the pages of its
 # parent if the parent becomes a candidate then (it gets the next free label), else None.
@@ -170,11 +170,8 @@ def draw_leaf_counts(
         raise ValueError(f"unknown method {chosen!r}; known: {', '.join(METHODS)}")
     if first is None and method is None and chosen != "continuous":
         first = _draw_picks(gen, len(pages), need)
-        counts = first[0]
-        # Nobody empties: these picks are the whole draw (checked on the largest count
-        # first: one call where every leaf holds more than any leaf got, the common case).
-        if need < smallest or int(_max(counts)) < smallest or (counts < pages).all():
-            return counts, []
+        if _nobody_empties(first[0], pages, need, smallest):
+            return first[0], []  # these picks are the whole draw
     state = _Rounds(pages, need, gen, parent_joins)
     if first is not None:
         state.cut_round(first)
@@ -319,6 +316,25 @@ def draw_first_round(
     if all(c < p for c, p in zip(taken, pages, strict=True)):
         return first, taken
     return first, None
+
+
+def draw_first_counts(
+    pages: np.ndarray, need: int, gen: np.random.Generator, smallest: int
+) -> tuple[tuple[np.ndarray, np.ndarray | None] | None, np.ndarray | None]:
+    """``draw_first_round`` for an array of pages (``smallest`` its minimum): the first cut
+    round, or None if the draw would not start with one; and the counts if no leaf emptied
+    in it (the whole draw), so that the caller sets nothing up for emptyings in the common
+    case. Otherwise it passes the round on to ``draw_leaf_counts`` (``first=``)."""
+    if need <= 0 or _choose(pages, need, _MAX_ROUNDS, smallest) == "continuous":
+        return None, None
+    first = _draw_picks(gen, len(pages), need)
+    return first, (first[0] if _nobody_empties(first[0], pages, need, smallest) else None)
+
+
+def _nobody_empties(counts: np.ndarray, pages: np.ndarray, need: int, smallest: int) -> bool:
+    """Did a first round's ``counts`` leave every leaf a page? Checked on the largest count
+    first: one call where every leaf holds more than any leaf got, the common case."""
+    return need < smallest or int(_max(counts)) < smallest or bool((counts < pages).all())
 
 
 def _draw_picks(

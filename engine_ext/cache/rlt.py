@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine_ext.cache.leaf_sampling import FEW_LEAVES, Draws, draw_first_round, draw_leaf_counts
+from engine_ext.cache.leaf_sampling import (
+    FEW_LEAVES,
+    Draws,
+    draw_first_counts,
+    draw_first_round,
+    draw_leaf_counts,
+)
 
 if TYPE_CHECKING:
     from engine_ext.cache.node import RadixNode
@@ -106,6 +112,10 @@ class RLTEviction:
             slots, pages, smallest = self._candidate_slots(need * page, short)
             if not len(slots):
                 return 0
+            drawn, whole = draw_first_counts(pages, need, self.gen, smallest)
+            if whole is not None:  # the common case: every candidate loses a few pages
+                cache.cut_tails(slots, whole * page if page > 1 else whole, need * page)
+                return need * page
         nodes = registry.nodes
         # Node of each label: the candidates (built when a leaf first empties), then the
         # parents in the order they joined.
