@@ -320,15 +320,18 @@ def draw_first_round(
 
 def draw_first_counts(
     pages: np.ndarray, need: int, gen: np.random.Generator, smallest: int
-) -> tuple[tuple[np.ndarray, np.ndarray | None] | None, np.ndarray | None]:
-    """``draw_first_round`` for an array of pages (``smallest`` its minimum): the first cut
-    round, or None if the draw would not start with one; and the counts if no leaf emptied
-    in it (the whole draw), so that the caller sets nothing up for emptyings in the common
-    case. Otherwise it passes the round on to ``draw_leaf_counts`` (``first=``)."""
-    if need <= 0 or _choose(pages, need, _MAX_ROUNDS, smallest) == "continuous":
-        return None, None
+) -> tuple[str, tuple[np.ndarray, np.ndarray | None] | None, np.ndarray | None]:
+    """``draw_first_round`` for an array of pages (``smallest`` its minimum): the method
+    ``draw_leaf_counts`` would choose; its first cut round, or None if it would not start
+    with one; and the counts if no leaf emptied in it (the whole draw), so that the caller
+    sets nothing up for emptyings in the common case. Otherwise it passes the method and
+    the round on to ``draw_leaf_counts`` (``method=``, ``first=``): the same draws."""
+    chosen = _choose(pages, need, _MAX_ROUNDS, smallest)
+    if need <= 0 or chosen == "continuous":
+        return chosen, None, None
     first = _draw_picks(gen, len(pages), need)
-    return first, (first[0] if _nobody_empties(first[0], pages, need, smallest) else None)
+    whole = first[0] if _nobody_empties(first[0], pages, need, smallest) else None
+    return chosen, first, whole
 
 
 def _nobody_empties(counts: np.ndarray, pages: np.ndarray, need: int, smallest: int) -> bool:

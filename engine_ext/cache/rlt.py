@@ -98,6 +98,7 @@ class RLTEviction:
         short = self._start_phase_if_due(need * page)
         drawn: tuple[np.ndarray, np.ndarray | None] | None = None
         smallest: int | None = None
+        method: str | None = None  # chosen by the array path's first round
         if registry.live <= FEW_LEAVES:  # Python lists; the same draws (draw_first_round)
             cand, cand_pages = self._few_candidates(need * page, short)
             if not cand:
@@ -112,7 +113,7 @@ class RLTEviction:
             slots, pages, smallest = self._candidate_slots(need * page, short)
             if not len(slots):
                 return 0
-            drawn, whole = draw_first_counts(pages, need, self.gen, smallest)
+            method, drawn, whole = draw_first_counts(pages, need, self.gen, smallest)
             if whole is not None:  # the common case: every candidate loses a few pages
                 cache.cut_tails(slots, whole * page if page > 1 else whole, need * page)
                 return need * page
@@ -134,7 +135,7 @@ class RLTEviction:
             return joined[1]
 
         counts, emptied = draw_leaf_counts(
-            pages, need, self.gen, parent_joins, first=drawn, smallest=smallest
+            pages, need, self.gen, parent_joins, method=method, first=drawn, smallest=smallest
         )
         if not emptied:  # the common case: every candidate loses a few pages, none empties
             # (parents the walk saw join after the target have labels past k, and no pages)
