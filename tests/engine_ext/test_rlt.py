@@ -224,16 +224,9 @@ def literal_evictions(need: int, rng: random.Random) -> tuple[int, ...]:
     return tuple(dropped[k] for k in ("X", "Y", "Z", "P"))
 
 
-@pytest.mark.parametrize("path", ["lists", "arrays"])
+@pytest.mark.usefixtures("rlt_paths")  # both eviction paths: lists and arrays
 @pytest.mark.parametrize("need", [4, 8])
-def test_rlt_evict_matches_the_per_token_definition(
-    need: int, path: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Both eviction paths (Python lists for a few leaves, numpy arrays) against the
-    definition, page by page."""
-    from engine_ext.cache import rlt as rlt_module
-
-    monkeypatch.setattr(rlt_module, "FEW_LEAVES", 10_000 if path == "lists" else -1)
+def test_rlt_evict_matches_the_per_token_definition(need: int) -> None:
     n = 3_000
     rng = random.Random(need)
     real = Counter(real_evictions(need, seed=i) for i in range(n))

@@ -27,6 +27,7 @@ from sglang_harness import (
 )
 
 from engine_ext import sglang_rlt
+from engine_ext.cache import rlt as rlt_module
 from engine_ext.sglang_rlt import RLTRadixCache
 
 
@@ -279,8 +280,19 @@ _ops = st.lists(
         (1, False, "numpy-index"),
         (2, False, "torch"),
         (1, False, "torch-index"),
+        (1, False, "numpy-arrays"),
+        (4, True, "torch-arrays"),
     ],
-    ids=["page1", "page4", "eagle", "page1-index", "page2-torch", "page1-torch-index"],
+    ids=[
+        "page1",
+        "page4",
+        "eagle",
+        "page1-index",
+        "page2-torch",
+        "page1-torch-index",
+        "page1-arrays",
+        "page4-eagle-torch-arrays",
+    ],
 )
 @settings(
     max_examples=150,
@@ -298,11 +310,14 @@ def test_random_sequences_keep_every_invariant(
 ) -> None:
     """Sizes recount, each KV slot is freed once, locked paths never lose a token; the
     freed indices gathered from the arena every way (numpy on a CPU arena or torch, as on
-    a GPU; a slice per run, or one index: ``-index``)."""
+    a GPU; a slice per run, or one index: ``-index``), on both of RLT's eviction paths (a
+    tree this small takes the one for a few leaves; ``-arrays`` forces the numpy one)."""
     monkeypatch.setattr(sglang_rlt, "_MIN_ARENA", 0)  # twice the pool: packs come often
     monkeypatch.setattr(sglang_rlt, "_NUMPY_GATHER", gather.startswith("numpy"))
     if gather.endswith("-index"):
         monkeypatch.setattr(sglang_rlt, "_FEW_RUNS", 0)
+    if gather.endswith("-arrays"):
+        monkeypatch.setattr(rlt_module, "FEW_LEAVES", -1)
     cache, allocator = rlt_cache(48, page_size, seed=seed, is_eagle=eagle)
     worker = Worker(cache, allocator)
     locks: list[tuple[Any, Any, list[int]]] = []
