@@ -224,7 +224,6 @@ def literal_evictions(need: int, rng: random.Random) -> tuple[int, ...]:
     return tuple(dropped[k] for k in ("X", "Y", "Z", "P"))
 
 
-@pytest.mark.usefixtures("rlt_paths")  # both eviction paths: lists and arrays
 @pytest.mark.parametrize("need", [4, 8])
 def test_rlt_evict_matches_the_per_token_definition(need: int) -> None:
     n = 3_000
