@@ -303,29 +303,31 @@ class _Rounds:
 
 def draw_first_round(
     pages: list[int], need: int, gen: np.random.Generator
-) -> tuple[tuple[np.ndarray, np.ndarray | None] | None, list[int] | None]:
-    """The first cut round that ``draw_leaf_counts`` would draw for ``pages`` (a short
-    list), or None if it would not start with one; and, if no leaf emptied in it, the pages
-    taken per leaf as a list: the whole draw. Otherwise the caller passes the round on
-    (``first=``) and the draw goes on from it, with the same random draws as if
-    ``draw_leaf_counts`` had made them."""
-    if need <= 0 or not pages or _choose(pages, need, _MAX_ROUNDS) == "continuous":
-        return None, None
+) -> tuple[str | None, tuple[np.ndarray, np.ndarray | None] | None, list[int] | None]:
+    """For ``pages`` (a short list): the method ``draw_leaf_counts`` would choose (None if
+    there is nothing to draw); the first cut round it would draw, or None if it would not
+    start with one; and, if no leaf emptied in that round, the pages taken per leaf as a
+    list: the whole draw. Otherwise the caller passes the method and the round on
+    (``method=``, ``first=``) and the draw goes on from it, with the same random draws as
+    if ``draw_leaf_counts`` had made them. ``draw_first_counts`` is the same on arrays."""
+    if need <= 0 or not pages:
+        return None, None, None
+    chosen = _choose(pages, need, _MAX_ROUNDS)
+    if chosen == "continuous":
+        return chosen, None, None
     first = _draw_picks(gen, len(pages), need)
     taken = first[0].tolist()
     if all(c < p for c, p in zip(taken, pages, strict=True)):
-        return first, taken
-    return first, None
+        return chosen, first, taken
+    return chosen, first, None
 
 
 def draw_first_counts(
     pages: np.ndarray, need: int, gen: np.random.Generator, smallest: int
 ) -> tuple[str, tuple[np.ndarray, np.ndarray | None] | None, np.ndarray | None]:
-    """``draw_first_round`` for an array of pages (``smallest`` its minimum): the method
-    ``draw_leaf_counts`` would choose; its first cut round, or None if it would not start
-    with one; and the counts if no leaf emptied in it (the whole draw), so that the caller
-    sets nothing up for emptyings in the common case. Otherwise it passes the method and
-    the round on to ``draw_leaf_counts`` (``method=``, ``first=``): the same draws."""
+    """``draw_first_round`` for an array of pages (``smallest`` its minimum), with the
+    counts as an array when no leaf emptied: the caller then sets nothing up for emptyings,
+    the common case."""
     chosen = _choose(pages, need, _MAX_ROUNDS, smallest)
     if need <= 0 or chosen == "continuous":
         return chosen, None, None

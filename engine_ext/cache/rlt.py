@@ -96,14 +96,12 @@ class RLTEviction:
         page = cache.page_size
         need = -(-num_tokens // page)
         short = self._start_phase_if_due(need * page)
-        drawn: tuple[np.ndarray, np.ndarray | None] | None = None
         smallest: int | None = None
-        method: str | None = None  # chosen by the array path's first round
         if registry.live <= FEW_LEAVES:  # Python lists; the same draws (draw_first_round)
             cand, cand_pages = self._few_candidates(need * page, short)
             if not cand:
                 return 0
-            drawn, whole_draw = draw_first_round(cand_pages, need, self.gen)
+            method, drawn, whole_draw = draw_first_round(cand_pages, need, self.gen)
             if whole_draw is not None:  # no leaf emptied: trims only
                 return cache.cut_few_tails(cand, whole_draw, need * page)
             # A leaf empties (or many will): the general path goes on from the same draws.

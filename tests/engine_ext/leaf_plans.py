@@ -54,8 +54,9 @@ def draw_leaf_evictions(
         and max_rounds == leaf_sampling._MAX_ROUNDS
     ):
         # A handful of leaves: the first round with Python lists (``draw_first_round``);
-        # the same draws as the array path, which goes on from them if a leaf empties.
-        first, taken = leaf_sampling.draw_first_round([p for _, p in candidates], need, gen)
+        # the same draws as the array path, which goes on from them (and the method chosen
+        # there) if a leaf empties.
+        method, first, taken = leaf_sampling.draw_first_round([p for _, p in candidates], need, gen)
         if taken is not None:
             return [(node, c) for node, c in zip(nodes, taken, strict=True) if c]
     pages = np.fromiter((p for _, p in candidates), dtype=np.int64, count=len(candidates))
