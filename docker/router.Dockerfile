@@ -18,14 +18,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 # Only what the wheel needs: the build context is filtered by .dockerignore as well.
 WORKDIR /opt/kvroute/src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY kvroute ./kvroute
 COPY router_service ./router_service
 COPY models ./models
 COPY engine_ext ./engine_ext
 COPY sim ./sim
 
-# Every runtime dependency ships as a manylinux wheel for CPython 3.11: no compiler needed.
+# Every runtime dependency ships as a manylinux wheel for CPython 3.11: no compiler needed
+# (kvroute's optional C loops for RLT eviction are skipped here; the router never evicts).
 # The source tree is removed after the install; the user owns only its home and the
 # model-snapshot directory (KVROUTE_MODEL_SNAPSHOT_PATH=/var/lib/kvroute/models.pkl).
 RUN pip install --no-cache-dir . \

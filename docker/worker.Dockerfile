@@ -18,7 +18,7 @@ FROM ${SGLANG_IMAGE}:${SGLANG_TAG}
 # (the router's FastAPI/River stack is not needed on a worker), then fail the build if the
 # plugin entry point is not visible to SGLang's loader.
 WORKDIR /opt/kvroute/src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY kvroute ./kvroute
 COPY router_service ./router_service
 COPY models ./models

@@ -59,6 +59,7 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 from sglang.srt.mem_cache.utils import compute_node_event_hash_values, compute_node_hash_values
 
+from engine_ext.cache import kernels
 from engine_ext.cache.leaf_registry import LOCKED, LeafRegistry
 from engine_ext.cache.rlt import RLTEviction
 
@@ -209,8 +210,8 @@ class _SGLangTree:
         self.capacity_tokens = capacity_tokens
         self.page_size = page_size
         self.leaves = _Leaves(page_size)
-        # Arena runs to free: (starts, lengths), arrays or (for a few) lists.
-        self.runs: list[tuple[Any, Any]] = []
+        # Arena runs to free: (starts, lengths, their sum), arrays or (for a few) lists.
+        self.runs: list[tuple[Any, Any, int]] = []
 
     @property
     def root(self) -> Any:
@@ -220,18 +221,19 @@ class _SGLangTree:
     def total_tokens(self) -> int:
         return int(self.cache.evictable_size_ + self.cache.protected_size_)
 
-    def cut_tails(self, slots: np.ndarray, tokens: np.ndarray, total: int | None = None) -> int:
-        """Cut ``tokens[i]`` (whole pages, fewer than the leaf holds; 0 allowed) off the
-        leaf in ``slots[i]``: the registry's sizes only; each leaf's attributes are cut when
-        SGLang next reads them."""
-        leaves, cache = self.leaves, self.cache
+    def cut_tails(self, slots: np.ndarray, pages: np.ndarray) -> int:
+        """Cut ``pages[i]`` pages (fewer than the leaf holds; 0 allowed) off the leaf in
+        ``slots[i]``: the registry's sizes only (``kernels.trim``, which also gives the runs
+        of arena positions cut); each leaf's attributes are cut when SGLang next reads
+        them."""
+        leaves, cache, page = self.leaves, self.cache, self.page_size
         if cache.kv_events.enabled:
-            cache._record_tails_removed(slots.tolist(), tokens.tolist())
-        keep = leaves.size[slots] - tokens
-        leaves.size[slots] = keep
+            cache._record_tails_removed(slots.tolist(), (pages * page).tolist())
+        k = len(slots)
+        starts, lengths = np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64)
+        cut = kernels.trim(leaves.size, slots, pages, k, page, leaves.off, starts, lengths)
         leaves.epoch += 1
-        self.runs.append((leaves.off[slots] + keep, tokens))
-        cut = int(tokens.sum()) if total is None else total
+        self.runs.append((starts, lengths, cut))
         cache.evictable_size_ -= cut
         return cut
 
@@ -250,7 +252,7 @@ class _SGLangTree:
                 starts.append(int(off[slot]) + keep)
                 lengths.append(cut)
         leaves.epoch += 1
-        self.runs.append((starts, lengths))
+        self.runs.append((starts, lengths, total))
         cache.evictable_size_ -= total
         return total
 
@@ -507,45 +509,41 @@ class RLTRadixCache(RadixCache):
 
     def _free_queued(self) -> int:
         """Free the KV indices of every run the eviction queued, in one ``free_segment``
-        call (SGLang's LRU makes one per leaf), gathered from the arena: a slice per run for
-        a few runs, else one index over all of them; with numpy on a CPU arena (a torch call
-        costs several times a numpy one there), with torch on a GPU."""
+        call (SGLang's LRU makes one per leaf), gathered from the arena: on a CPU arena by
+        one compiled copy per batch of runs (``kernels.gather``) into a new array (the pool
+        may keep the tensor it is given); on a GPU, with torch, a slice per run for a few
+        runs, else one index over all of them."""
         runs, self._tree.runs = self._tree.runs, []
-        count = sum(len(lengths) for _, lengths in runs)
-        if not count:
+        freed = sum(total for _, _, total in runs)
+        if not freed:
             return 0
         arena, mirror = self._arena, self._arena_np
         assert arena is not None
         indices: Any
-        if count <= _FEW_RUNS:
-            pairs = [
-                (start, length)
-                for starts, lengths in runs
+        if mirror is not None:
+            out = np.empty(freed, dtype=mirror.dtype)
+            at = 0
+            for starts, lengths, total in runs:
+                if total:
+                    if isinstance(starts, list):
+                        starts = np.array(starts, dtype=np.int64)
+                        lengths = np.array(lengths, dtype=np.int64)
+                    at += kernels.gather(mirror, starts, lengths, len(starts), out[at:])
+            assert at == freed, (at, freed)
+            indices = torch.from_numpy(out)
+        elif sum(len(lengths) for _, lengths, _ in runs) <= _FEW_RUNS:
+            pieces = [
+                arena[start : start + length]
+                for starts, lengths, _ in runs
                 for start, length in zip(_as_list(starts), _as_list(lengths), strict=True)
                 if length
             ]
-            source = arena if mirror is None else mirror
-            pieces = [source[start : start + length] for start, length in pairs]
-            if mirror is None:
-                indices = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-            else:
-                indices = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+            indices = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
         else:
-            if len(runs) == 1:  # one batch of trims, the common case
-                starts, lengths = (np.asarray(column, dtype=np.int64) for column in runs[0])
-            else:
-                starts = np.concatenate([np.asarray(run[0], dtype=np.int64) for run in runs])
-                lengths = np.concatenate([np.asarray(run[1], dtype=np.int64) for run in runs])
-            positions = _runs(starts, lengths)
-            if mirror is None:
-                indices = arena.index_select(0, torch.from_numpy(positions).to(arena.device))
-            else:
-                indices = mirror[positions]
-        freed = int(indices.shape[0])  # not len(): a Python-level method on a tensor
-        if not freed:
-            return 0
-        if mirror is not None:
-            indices = torch.from_numpy(indices)
+            starts = np.concatenate([np.asarray(run[0], dtype=np.int64) for run in runs])
+            lengths = np.concatenate([np.asarray(run[1], dtype=np.int64) for run in runs])
+            positions = torch.from_numpy(_runs(starts, lengths)).to(arena.device)
+            indices = arena.index_select(0, positions)
         # Tree values are page-aligned copies of KV rows and every run is whole pages, so
         # the freed indices form a page-exact segment, as SGLang's LRU frees a leaf.
         self.token_to_kv_pool_allocator.free_segment(indices, start_pos=0)
@@ -575,10 +573,11 @@ class RLTRadixCache(RadixCache):
             node.__class__ = TreeNode
         leaves.remove_many(registered)
         leaves.compact()
+        total = sum(lengths)
         self._tree.runs.append(
-            (np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64))
+            (np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64), total)
         )
-        return sum(lengths)
+        return total
 
     def _record_tails_removed(self, slots: list[int], tokens: list[int]) -> None:
         """KV events for tails about to be cut (``_SGLangTree.cut_tails``)."""

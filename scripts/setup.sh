@@ -13,7 +13,10 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/pip install -q --upgrade pip
 fi
 stamp=.venv/.kvroute-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# Reinstall when the project's metadata or the C source of RLT's loops changed: an editable
+# install builds the extension (engine_ext/cache/_kernels.c) next to its source, once.
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+  || [ engine_ext/cache/_kernels.c -nt "$stamp" ]; then
   .venv/bin/pip install -q -e '.[dev]'
   touch "$stamp"
 fi

@@ -39,15 +39,21 @@ import bisect
 import heapq
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
+
+from engine_ext.cache import kernels
 
 __all__ = ["FEW_LEAVES", "Draws", "draw_first_counts", "draw_first_round", "draw_leaf_counts"]
 
 # ``parent_joins(label)``: called when the leaf ``label`` empties; returns the pages of its
 # parent if the parent becomes a candidate then (it gets the next free label), else None.
 ParentJoins = Callable[[int], "int | None"]
+# A round's picks: (counts per leaf, the picks in order: an array, a function that returns
+# them, or None when they were drawn as counts only and their order is still to be drawn).
+Drawn = tuple[np.ndarray, "np.ndarray | Callable[[], np.ndarray] | None"]
 
 # Rounds before the continuous-time draw takes over: a round costs a few vectorised calls and
 # ends at (at most) one emptying, so rounds pay off only while few leaves can empty.
@@ -56,8 +62,9 @@ _MAX_ROUNDS = 8
 # (O(picks)) from this many picks per leaf on; the order is drawn only if a leaf empties.
 _MULTINOMIAL_PICKS_PER_LEAF = 8
 # Up to this many leaves, callers gather candidates and start the draw with Python lists
-# (``draw_first_round``): numpy's per-call cost outweighs its vector speed on so few.
-FEW_LEAVES = 32
+# (``draw_first_round``): numpy's per-call cost outweighs its vector speed on so few. Not with
+# the compiled loops (``kernels``), which cost less than the lists at any size.
+FEW_LEAVES = -1 if kernels.COMPILED else 32
 # Joining parents' Gamma clocks: drawn this many at a time per size after the first
 # (``_GammaDraws``).
 _GAMMA_BATCH = 16
@@ -102,17 +109,36 @@ class Draws(np.random.Generator):
         """``n`` independent picks, each uniform over ``range(leaves)``."""
         if n > self._buffer:
             return self.integers(0, leaves, size=n)
+        uniforms, start = self._take(n)
+        return (uniforms[start : start + n] * leaves).astype(np.intp)
+
+    def pick_counts(self, leaves: int, n: int) -> tuple[np.ndarray, int, Callable[[], np.ndarray]]:
+        """``picks(leaves, n)`` as counts per leaf (one compiled loop, ``kernels``), with the
+        largest count and a function that returns the picks themselves, in order (the same
+        uniforms: needed only when a leaf empties). ``n`` at most the buffer's size."""
+        uniforms, start = self._take(n)
+        counts = np.empty(leaves, dtype=np.int64)
+        top = kernels.pick_counts(uniforms, start, n, leaves, counts)
+        return counts, top, partial(_picks_of, uniforms, start, n, leaves)
+
+    def _take(self, n: int) -> tuple[np.ndarray, int]:
+        """The next ``n`` uniforms: the buffer (refilled first if it has fewer left) and
+        where they start in it."""
         if self._used + n > self._buffer:
             self._uniforms = self.random(self._buffer)
             self._used = 0
-        uniforms = self._uniforms[self._used : self._used + n]
-        self._used += n
-        return (uniforms * leaves).astype(np.intp)
+        start = self._used
+        self._used = start + n
+        return self._uniforms, start
 
     def __reduce__(self) -> tuple[Callable[..., Draws], tuple[Any, ...]]:  # type: ignore[override]
         # numpy's own reduce would rebuild a plain Generator, without the buffer.
         state = (self.bit_generator.state, self._buffer, self._uniforms.copy(), self._used)
         return _rebuild_draws, state
+
+
+def _picks_of(uniforms: np.ndarray, start: int, n: int, leaves: int) -> np.ndarray:
+    return (uniforms[start : start + n] * leaves).astype(np.intp)
 
 
 def _rebuild_draws(state: dict[str, Any], buffer: int, uniforms: np.ndarray, used: int) -> Draws:
@@ -131,7 +157,7 @@ def draw_leaf_counts(
     *,
     max_rounds: int = _MAX_ROUNDS,
     method: str | None = None,
-    first: tuple[np.ndarray, np.ndarray | None] | None = None,
+    first: Drawn | None = None,
     smallest: int | None = None,
 ) -> tuple[np.ndarray, list[int]]:
     """The draw on arrays: (pages taken per label, labels that emptied, in order).
@@ -260,7 +286,7 @@ class _Rounds:
         if _min(self.remaining) == 0:  # at most one leaf: it took all m picks of this round
             self._empty(int(np.argmin(self.remaining)))
 
-    def cut_round(self, drawn: tuple[np.ndarray, np.ndarray | None] | None = None) -> None:
+    def cut_round(self, drawn: Drawn | None = None) -> None:
         """One cut round, on ``drawn`` (``_draw_picks`` for the current state) if given."""
         k, remaining, need = len(self.active), self.remaining, self.need
         counts, picks = drawn if drawn is not None else _draw_picks(self.gen, k, need)
@@ -270,6 +296,8 @@ class _Rounds:
             return
         if picks is None:  # drawn as counts: given them, the picks' order is uniform
             picks = self.gen.permutation(np.repeat(np.arange(k), counts))
+        elif callable(picks):  # counted from ``Draws``' buffer: the same picks, in order
+            picks = picks()
         # The pick that empties a leaf first: for each leaf that would, the position of its
         # remaining-th pick; the earliest of those ends the round.
         cut = min(int(np.flatnonzero(picks == i)[remaining[i] - 1]) for i in full.tolist())
@@ -303,7 +331,7 @@ class _Rounds:
 
 def draw_first_round(
     pages: list[int], need: int, gen: np.random.Generator
-) -> tuple[str | None, tuple[np.ndarray, np.ndarray | None] | None, list[int] | None]:
+) -> tuple[str | None, Drawn | None, list[int] | None]:
     """For ``pages`` (a short list): the method ``draw_leaf_counts`` would choose (None if
     there is nothing to draw); the first cut round it would draw, or None if it would not
     start with one; and, if no leaf emptied in that round, the pages taken per leaf as a
@@ -324,7 +352,7 @@ def draw_first_round(
 
 def draw_first_counts(
     pages: np.ndarray, need: int, gen: np.random.Generator, smallest: int
-) -> tuple[str, tuple[np.ndarray, np.ndarray | None] | None, np.ndarray | None]:
+) -> tuple[str, Drawn | None, np.ndarray | None]:
     """``draw_first_round`` for an array of pages (``smallest`` its minimum), with the
     counts as an array when no leaf emptied: the caller then sets nothing up for emptyings,
     the common case."""
@@ -342,9 +370,7 @@ def _nobody_empties(counts: np.ndarray, pages: np.ndarray, need: int, smallest: 
     return need < smallest or int(_max(counts)) < smallest or bool((counts < pages).all())
 
 
-def _draw_picks(
-    gen: np.random.Generator, leaves: int, need: int
-) -> tuple[np.ndarray, np.ndarray | None]:
+def _draw_picks(gen: np.random.Generator, leaves: int, need: int) -> Drawn:
     """``need`` picks uniform over ``leaves``: (counts per leaf, the picks in order, or None
     when many picks per leaf make one multinomial draw of the counts cheaper). A ``Draws``
     serves the picks from its buffer; any other generator draws them."""
@@ -352,10 +378,10 @@ def _draw_picks(
         # Probabilities as a list: numpy converts it inside the call, which costs less cold
         # than a separate ``np.full`` (the same float64 values, so the same draw).
         return gen.multinomial(need, [1.0 / leaves] * leaves), None
-    if isinstance(gen, Draws):
-        picks = gen.picks(leaves, need)
-    else:
-        picks = gen.integers(0, leaves, size=need)
+    if isinstance(gen, Draws) and need <= gen._buffer:
+        counts, _, picks_in_order = gen.pick_counts(leaves, need)
+        return counts, picks_in_order
+    picks = gen.integers(0, leaves, size=need)
     return np.bincount(picks, minlength=leaves), picks
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from engine_ext.cache import kernels
 from engine_ext.cache.eviction import EvictionPolicy, make_eviction_policy
 from engine_ext.cache.keys import common_prefix_length
 from engine_ext.cache.leaf_registry import LOCKED, LeafRegistry
@@ -354,12 +355,12 @@ class RadixCache:
             self.total_tokens -= num_tokens
         return num_tokens
 
-    def cut_tails(self, slots: np.ndarray, tokens: np.ndarray, total: int | None = None) -> int:
-        """Cut ``tokens[i]`` (whole pages, fewer than the leaf holds; 0 is allowed) off the
-        tail of the unlocked leaf in ``slots[i]``, deferred: one vectorised step for the
-        whole batch. Returns the tokens cut (``total``, if the caller knows their sum)."""
-        self.leaves.size[slots] -= tokens
-        cut = int(tokens.sum()) if total is None else total
+    def cut_tails(self, slots: np.ndarray, pages: np.ndarray) -> int:
+        """Cut ``pages[i]`` pages (fewer than the leaf holds; 0 is allowed) off the tail of
+        the unlocked leaf in ``slots[i]``, deferred: one loop over the batch
+        (``kernels.trim``). Returns the tokens cut."""
+        size, page = self.leaves.size, self.page_size
+        cut = kernels.trim(size, slots, pages, len(slots), page, None, None, None)
         self.total_tokens -= cut
         return cut
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine_ext.cache import kernels
 from engine_ext.cache.leaf_sampling import (
     FEW_LEAVES,
     Draws,
@@ -42,8 +43,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RLTEviction"]
 
-# ufunc reductions without numpy's Python-level wrappers (see ``leaf_sampling``)
-_min, _sum, _any = np.minimum.reduce, np.add.reduce, np.logical_or.reduce
+# a ufunc reduction without numpy's Python-level wrapper (see ``leaf_sampling``)
+_any = np.logical_or.reduce
 
 
 class RLTEviction:
@@ -59,6 +60,9 @@ class RLTEviction:
         self.marked_tokens = 0
         self.phases_started = 0
         self.registry = cache.leaves  # the unlocked leaves are candidates (DESIGN 3.3)
+        # The candidates' slots and sizes in pages (``_candidate_slots``), reused: an
+        # eviction's arrays are views of these, valid until the next eviction.
+        self._slots = self._pages = np.empty(0, dtype=np.int64)
 
     def reset(self) -> None:
         self.phase += 1
@@ -113,7 +117,7 @@ class RLTEviction:
                 return 0
             method, drawn, whole = draw_first_counts(pages, need, self.gen, smallest)
             if whole is not None:  # the common case: every candidate loses a few pages
-                cache.cut_tails(slots, whole * page if page > 1 else whole, need * page)
+                cache.cut_tails(slots, whole)
                 return need * page
         nodes = registry.nodes
         # Node of each label: the candidates (built when a leaf first empties), then the
@@ -137,15 +141,14 @@ class RLTEviction:
         )
         if not emptied:  # the common case: every candidate loses a few pages, none empties
             # (parents the walk saw join after the target have labels past k, and no pages)
-            taken = counts[:k]
-            cache.cut_tails(slots, taken * page if page > 1 else taken, need * page)
+            cache.cut_tails(slots, counts[:k])
             return need * page
         # Partial trims of the first candidates first, in one step (deleting leaves may
         # renumber the slots); then the emptied leaves, children before parents; then the
         # few parents that joined and lost only part of their pages.
         first = counts[:k]
         partial = (first > 0) & (first < pages)
-        freed = cache.cut_tails(slots[partial], first[partial] * page) if _any(partial) else 0
+        freed = cache.cut_tails(slots[partial], first[partial]) if _any(partial) else 0
         freed += cache.delete_emptied([label_nodes[label] for label in emptied])
         joined = label_nodes[k:]
         for node, taken, size in zip(joined, counts[k:].tolist(), joined_pages, strict=True):
@@ -165,28 +168,21 @@ class RLTEviction:
     def _candidate_slots(self, need_tokens: int, short: bool) -> tuple[np.ndarray, np.ndarray, int]:
         """Registry slots of the unmarked, unlocked leaves, their sizes in pages and the
         smallest size (0 if there are none), after starting a new phase if those hold
-        fewer than ``need_tokens`` (or ``short``: the caller knows they do).
-
-        Cold numpy calls are most of a small eviction's cost, so this makes few: no sum of
-        the sizes when the candidates times the smallest already reach ``need_tokens``, and
-        ufunc reductions called directly."""
-        registry = self.registry
-        end = registry.end
-        mark, size = registry.mark[:end], registry.size[:end]
+        fewer than ``need_tokens`` (or ``short``: the caller knows they do): one loop over
+        the registry (``kernels.candidates``), into arrays kept for the next eviction."""
+        registry, page = self.registry, self.cache.page_size
+        end, mark, size = registry.end, registry.mark, registry.size
+        slots, pages = self._slots, self._pages
+        if len(slots) < end:
+            slots = self._slots = np.empty(len(size), dtype=np.int64)
+            pages = self._pages = np.empty(len(size), dtype=np.int64)
         if not short:
-            slots = (mark < self.phase).nonzero()[0]
-            tokens = size[slots]
-            smallest = int(_min(tokens)) if len(slots) else 0
-            short = len(slots) * smallest < need_tokens and int(_sum(tokens)) < need_tokens
+            k, smallest, total = kernels.candidates(mark, size, end, self.phase, page, slots, pages)
+            short = total * page < need_tokens
         if short:
             self.new_phase()
-            slots = (mark < self.phase).nonzero()[0]
-            tokens = size[slots]
-            smallest = int(_min(tokens)) if len(slots) else 0
-        page = self.cache.page_size
-        if page > 1:
-            return slots, tokens // page, smallest // page
-        return slots, tokens, smallest
+            k, smallest, _ = kernels.candidates(mark, size, end, self.phase, page, slots, pages)
+        return slots[:k], pages[:k], smallest
 
     def _few_candidates(self, need_tokens: int, short: bool) -> tuple[list[int], list[int]]:
         """``_candidate_slots`` with Python lists, for a registry of a few leaves (read from

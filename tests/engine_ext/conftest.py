@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from rlt_paths import PATHS, use_path
 
-from engine_ext.cache import rlt
 
-
-@pytest.fixture(params=["few-leaves", "vectorised"])
+@pytest.fixture(params=PATHS)
 def rlt_paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test on both of RLT's eviction paths on the reference cache: Python lists for a
-    tree of few leaves (the default below ``FEW_LEAVES``) and numpy arrays (forced here)."""
-    if request.param == "vectorised":
-        monkeypatch.setattr(rlt, "FEW_LEAVES", -1)
+    """Run a test on each of RLT's eviction paths on the reference cache (``rlt_paths``)."""
+    use_path(request.param, monkeypatch)
     return str(request.param)

@@ -244,12 +244,15 @@ def leaf_state(cache: RadixCache) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("leaves", [6, 24])
-def test_few_leaf_and_vectorised_paths_make_the_same_draws(
+def test_every_eviction_path_makes_the_same_draws(
     leaves: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both eviction paths (Python lists for a few leaves, numpy arrays) consume the seeded
-    generator the same way (as ``draw_leaf_counts`` would) and end with the same trees."""
-    from engine_ext.cache import rlt as rlt_module
+    """The eviction paths (Python lists for a few leaves, numpy arrays, the compiled loops
+    on them) consume the seeded generator the same way (as ``draw_leaf_counts`` would) and
+    end with the same trees."""
+    from rlt_paths import use_path
+
+    from engine_ext.cache import kernels
 
     gen = np.random.default_rng(leaves)
     prefixes = [tuple(int(t) for t in gen.integers(1000, 2000, size=16)) for _ in range(3)]
@@ -260,8 +263,10 @@ def test_few_leaf_and_vectorised_paths_make_the_same_draws(
     ]
     evictions = [int(n) for n in gen.integers(1, 60, size=12)]
     states = []
-    for few in (True, False):
-        monkeypatch.setattr(rlt_module, "FEW_LEAVES", 10_000 if few else -1)
+    for path in ("lists", "arrays", "compiled") if kernels.COMPILED else ("lists", "arrays"):
+        use_path(path, monkeypatch)
+        if path == "lists":
+            monkeypatch.setattr("engine_ext.cache.rlt.FEW_LEAVES", 10_000)
         cache, _ = rlt_cache(2_000, seed=7)
         trace = []
         for i, n in enumerate(evictions):
@@ -269,7 +274,7 @@ def test_few_leaf_and_vectorised_paths_make_the_same_draws(
                 cache.insert(key)
             trace.append((cache.evict(n), leaf_state(cache)))
         states.append(trace)
-    assert states[0] == states[1]
+    assert all(state == states[0] for state in states[1:])
     assert any(len(state) < leaves for _, state in states[0]), "some leaves emptied"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from sglang_harness import (
 )
 
 from engine_ext import sglang_rlt
+from engine_ext.cache import kernels
 from engine_ext.cache import rlt as rlt_module
 from engine_ext.sglang_rlt import RLTRadixCache
 
@@ -149,11 +151,15 @@ def test_a_pending_trim_is_applied_when_sglang_first_reads_the_leaf(
     every SGLang path that does (match, split, insert, lock, delete) sees the cut leaf, and
     the freed tails come from the arena, each KV slot once."""
     cache, allocator = rlt_cache(100, page_size=2, enable_kv_cache_events=True)
+
     # The draw is fixed here (picks in turn over the candidates, last first: two pages off
     # each of three), so that every leaf is cut and none emptied, whatever the seeded stream.
-    monkeypatch.setattr(
-        cache.rlt.gen, "picks", lambda leaves, n: leaves - 1 - np.arange(n) % leaves
-    )
+    def in_turn(leaves: int, n: int) -> tuple[np.ndarray, int, Callable[[], np.ndarray]]:
+        picks = leaves - 1 - np.arange(n) % leaves
+        counts = np.bincount(picks, minlength=leaves)
+        return counts, int(counts.max()), lambda: picks
+
+    monkeypatch.setattr(cache.rlt.gen, "pick_counts", in_turn)
     a = insert(cache, allocator, list(range(12)))
     b = insert(cache, allocator, list(range(100, 112)))
     c = insert(cache, allocator, list(range(200, 212)))
@@ -272,26 +278,28 @@ _ops = st.lists(
 
 
 @pytest.mark.parametrize(
-    ("page_size", "eagle", "gather"),
+    ("page_size", "eagle", "gather", "path"),
     [
-        (1, False, "numpy"),
-        (4, False, "numpy"),
-        (1, True, "numpy"),
-        (1, False, "numpy-index"),
-        (2, False, "torch"),
-        (1, False, "torch-index"),
-        (1, False, "numpy-arrays"),
-        (4, True, "torch-arrays"),
+        (1, False, "cpu", "compiled"),
+        (4, False, "cpu", "compiled"),
+        (1, True, "cpu", "compiled"),
+        (2, False, "torch", "compiled"),
+        (1, False, "torch-index", "compiled"),
+        (1, False, "cpu", "arrays"),
+        (4, True, "torch", "arrays"),
+        (1, False, "cpu", "lists"),
+        (2, False, "torch", "lists"),
     ],
     ids=[
         "page1",
         "page4",
         "eagle",
-        "page1-index",
         "page2-torch",
         "page1-torch-index",
-        "page1-arrays",
-        "page4-eagle-torch-arrays",
+        "page1-numpy-arrays",
+        "page4-eagle-torch-numpy-arrays",
+        "page1-numpy-lists",
+        "page2-torch-numpy-lists",
     ],
 )
 @settings(
@@ -304,20 +312,26 @@ def test_random_sequences_keep_every_invariant(
     page_size: int,
     eagle: bool,
     gather: str,
+    path: str,
     ops: list[tuple[str, Any]],
     seed: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Sizes recount, each KV slot is freed once, locked paths never lose a token; the
-    freed indices gathered from the arena every way (numpy on a CPU arena or torch, as on
-    a GPU; a slice per run, or one index: ``-index``), on both of RLT's eviction paths (a
-    tree this small takes the one for a few leaves; ``-arrays`` forces the numpy one)."""
+    freed indices gathered from the arena every way (on a CPU arena by ``kernels.gather``;
+    with torch, as on a GPU: a slice per run, or one index, ``-index``), on each of RLT's
+    eviction paths: the compiled loops (``kernels``) on the leaf registry's arrays, or
+    without them the numpy loops on the arrays or Python lists for a few leaves."""
     monkeypatch.setattr(sglang_rlt, "_MIN_ARENA", 0)  # twice the pool: packs come often
-    monkeypatch.setattr(sglang_rlt, "_NUMPY_GATHER", gather.startswith("numpy"))
+    monkeypatch.setattr(sglang_rlt, "_NUMPY_GATHER", gather == "cpu")
     if gather.endswith("-index"):
         monkeypatch.setattr(sglang_rlt, "_FEW_RUNS", 0)
-    if gather.endswith("-arrays"):
-        monkeypatch.setattr(rlt_module, "FEW_LEAVES", -1)
+    if path == "compiled":
+        assert kernels.COMPILED, "the engine tier runs where the extension builds"
+    else:
+        for name in ("candidates", "pick_counts", "trim", "gather"):
+            monkeypatch.setattr(kernels, name, getattr(kernels, f"numpy_{name}"))
+    monkeypatch.setattr(rlt_module, "FEW_LEAVES", 32 if path == "lists" else -1)
     cache, allocator = rlt_cache(48, page_size, seed=seed, is_eagle=eagle)
     worker = Worker(cache, allocator)
     locks: list[tuple[Any, Any, list[int]]] = []

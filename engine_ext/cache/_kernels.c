@@ -1,0 +1,298 @@
+/* RLT's per-eviction loops over the leaf registry, compiled (engine_ext.cache.kernels).
+
+An eviction of a few thousand tokens is cheap work (a few hundred leaves, a few thousand
+picks) behind many small numpy calls, and each call costs microseconds when the caches are
+cold, as they are in a scheduler between batches: most of the eviction's time. These four
+loops replace those calls, one C call each. They read and write numpy arrays (any object
+with a C-contiguous, one-dimensional buffer of the right item size) in place and allocate
+nothing. engine_ext/cache/kernels.py has the same four functions in numpy, used when this
+module is not built; tests check that both give the same results.
+
+Only the CPython C API is used (the buffer protocol; no numpy headers).
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} Arr;
+
+static void release(Arr *arrs, int n) {
+    for (int i = 0; i < n; i++) {
+        if (arrs[i].held) {
+            PyBuffer_Release(&arrs[i].view);
+            arrs[i].held = 0;
+        }
+    }
+}
+
+/* A one-dimensional, C-contiguous buffer of `itemsize`-byte items ('q'/'l' int64 or 'd'
+   float64 when `kind` is 'i' or 'f'; any 4- or 8-byte integer when `kind` is 'x'). */
+static int get(PyObject *obj, Arr *arr, int writable, char kind, const char *name) {
+    int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &arr->view, flags) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a %scontiguous numpy array", name,
+                     writable ? "writable, " : "");
+        return -1;
+    }
+    arr->held = 1;
+    const char *fmt = arr->view.format ? arr->view.format : "B";
+    if (*fmt == '<' || *fmt == '=' || *fmt == '@') fmt++;
+    int ok;
+    if (kind == 'f') {
+        ok = arr->view.itemsize == 8 && fmt[0] == 'd' && fmt[1] == 0;
+    } else if (kind == 'i') {
+        ok = arr->view.itemsize == 8 && (fmt[0] == 'q' || fmt[0] == 'l') && fmt[1] == 0;
+    } else {
+        ok = (arr->view.itemsize == 8 || arr->view.itemsize == 4) && fmt[1] == 0 &&
+             strchr("qlQLiIu", fmt[0]) != NULL;
+    }
+    if (!ok || arr->view.ndim != 1) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a one-dimensional %s array, got format "
+                     "'%s', %zd-byte items, %d dimensions", name,
+                     kind == 'f' ? "float64" : kind == 'i' ? "int64" : "4- or 8-byte integer",
+                     arr->view.format ? arr->view.format : "B", arr->view.itemsize,
+                     arr->view.ndim);
+        return -1;
+    }
+    return 0;
+}
+
+static Py_ssize_t length(Arr *arr) { return arr->view.len / arr->view.itemsize; }
+
+static int get_ssize(PyObject *obj, Py_ssize_t *out, const char *name) {
+    *out = PyLong_AsSsize_t(obj);
+    if (*out == -1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_TypeError, "%s: expected an int", name);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_args(Py_ssize_t nargs, Py_ssize_t want, const char *fn) {
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", fn, want, nargs);
+        return -1;
+    }
+    return 0;
+}
+
+/* candidates(mark, size, end, phase, page, slots_out, pages_out) -> (k, smallest, total)
+
+   The slots i < end with mark[i] < phase, in order, into slots_out[:k]; their sizes in
+   pages (size[i] // page) into pages_out[:k]; the smallest of those and their sum (both 0
+   if k == 0). */
+static PyObject *candidates(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_args(nargs, 7, "candidates") < 0) return NULL;
+    Arr a[4];
+    memset(a, 0, sizeof a);
+    Py_ssize_t end, phase, page;
+    if (get_ssize(args[2], &end, "end") < 0 || get_ssize(args[3], &phase, "phase") < 0 ||
+        get_ssize(args[4], &page, "page") < 0)
+        return NULL;
+    if (page < 1) return PyErr_Format(PyExc_ValueError, "page: must be >= 1, got %zd", page);
+    if (get(args[0], &a[0], 0, 'i', "mark") < 0 || get(args[1], &a[1], 0, 'i', "size") < 0 ||
+        get(args[5], &a[2], 1, 'i', "slots_out") < 0 ||
+        get(args[6], &a[3], 1, 'i', "pages_out") < 0)
+        goto fail;
+    if (end < 0 || end > length(&a[0]) || end > length(&a[1]) || end > length(&a[2]) ||
+        end > length(&a[3])) {
+        PyErr_Format(PyExc_ValueError, "end: %zd is outside the arrays", end);
+        goto fail;
+    }
+    const int64_t *mark = a[0].view.buf, *size = a[1].view.buf;
+    int64_t *slots = a[2].view.buf, *pages = a[3].view.buf;
+    Py_ssize_t k = 0;
+    int64_t smallest = 0, total = 0;
+    for (Py_ssize_t i = 0; i < end; i++) {
+        if (mark[i] < phase) {
+            int64_t p = size[i] / page;
+            slots[k] = i;
+            pages[k] = p;
+            if (k == 0 || p < smallest) smallest = p;
+            total += p;
+            k++;
+        }
+    }
+    release(a, 4);
+    return Py_BuildValue("(nLL)", k, (long long)smallest, (long long)total);
+fail:
+    release(a, 4);
+    return NULL;
+}
+
+/* pick_counts(uniforms, start, n, leaves, counts_out) -> the largest count
+
+   counts_out[:leaves] = how many of uniforms[start:start + n] pick each leaf, a pick being
+   floor(u * leaves), exactly as numpy's (u * leaves).astype(intp) computes it. */
+static PyObject *pick_counts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_args(nargs, 5, "pick_counts") < 0) return NULL;
+    Arr a[2];
+    memset(a, 0, sizeof a);
+    Py_ssize_t start, n, leaves;
+    if (get_ssize(args[1], &start, "start") < 0 || get_ssize(args[2], &n, "n") < 0 ||
+        get_ssize(args[3], &leaves, "leaves") < 0)
+        return NULL;
+    if (get(args[0], &a[0], 0, 'f', "uniforms") < 0 ||
+        get(args[4], &a[1], 1, 'i', "counts_out") < 0)
+        goto fail;
+    if (leaves < 1 || leaves > length(&a[1])) {
+        PyErr_Format(PyExc_ValueError, "leaves: %zd is not in 1..len(counts_out)", leaves);
+        goto fail;
+    }
+    if (start < 0 || n < 0 || start > length(&a[0]) - n) {
+        PyErr_Format(PyExc_ValueError, "start, n: %zd, %zd are outside the uniforms", start, n);
+        goto fail;
+    }
+    const double *u = (const double *)a[0].view.buf + start;
+    int64_t *counts = a[1].view.buf;
+    memset(counts, 0, (size_t)leaves * sizeof(int64_t));
+    const double scale = (double)leaves;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        double x = u[j] * scale;
+        if (!(x >= 0.0 && x < scale)) {
+            PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)", start + j);
+            goto fail;
+        }
+        counts[(Py_ssize_t)x]++;
+    }
+    int64_t top = 0;
+    for (Py_ssize_t i = 0; i < leaves; i++)
+        if (counts[i] > top) top = counts[i];
+    release(a, 2);
+    return PyLong_FromLongLong((long long)top);
+fail:
+    release(a, 2);
+    return NULL;
+}
+
+/* trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens cut
+
+   For i < k: size[slots[i]] -= taken[i] * page, all checked before any is written (every
+   cut at most the leaf's size; slots distinct, the caller's part). With `off` (else None,
+   and None outputs): starts_out[i] = off[slots[i]] + the new size and lengths_out[i] =
+   taken[i] * page, the runs of arena positions that were cut. */
+static PyObject *trim(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_args(nargs, 8, "trim") < 0) return NULL;
+    Arr a[6];
+    memset(a, 0, sizeof a);
+    Py_ssize_t k, page;
+    if (get_ssize(args[3], &k, "k") < 0 || get_ssize(args[4], &page, "page") < 0) return NULL;
+    if (page < 1) return PyErr_Format(PyExc_ValueError, "page: must be >= 1, got %zd", page);
+    int runs = args[5] != Py_None;
+    if (get(args[0], &a[0], 1, 'i', "size") < 0 || get(args[1], &a[1], 0, 'i', "slots") < 0 ||
+        get(args[2], &a[2], 0, 'i', "taken") < 0)
+        goto fail;
+    if (runs && (get(args[5], &a[3], 0, 'i', "off") < 0 ||
+                 get(args[6], &a[4], 1, 'i', "starts_out") < 0 ||
+                 get(args[7], &a[5], 1, 'i', "lengths_out") < 0))
+        goto fail;
+    if (k < 0 || k > length(&a[1]) || k > length(&a[2]) ||
+        (runs && (k > length(&a[4]) || k > length(&a[5])))) {
+        PyErr_Format(PyExc_ValueError, "k: %zd is outside the arrays", k);
+        goto fail;
+    }
+    int64_t *size = a[0].view.buf;
+    const int64_t *slots = a[1].view.buf, *taken = a[2].view.buf;
+    Py_ssize_t slots_len = length(&a[0]);
+    if (runs && length(&a[3]) < slots_len) slots_len = length(&a[3]);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (slots[i] < 0 || slots[i] >= slots_len) {
+            PyErr_Format(PyExc_IndexError, "slots[%zd] = %lld is not a slot", i,
+                         (long long)slots[i]);
+            goto fail;
+        }
+        if (taken[i] < 0 || taken[i] > size[slots[i]] / page) {
+            PyErr_Format(PyExc_ValueError, "taken[%zd] = %lld pages: the leaf in slot %lld "
+                         "holds %lld tokens", i, (long long)taken[i], (long long)slots[i],
+                         (long long)size[slots[i]]);
+            goto fail;
+        }
+    }
+    int64_t total = 0;
+    const int64_t *off = runs ? a[3].view.buf : NULL;
+    int64_t *starts = runs ? a[4].view.buf : NULL, *lengths = runs ? a[5].view.buf : NULL;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        int64_t cut = taken[i] * page, keep = size[slots[i]] - cut;
+        size[slots[i]] = keep;
+        total += cut;
+        if (runs) {
+            starts[i] = off[slots[i]] + keep;
+            lengths[i] = cut;
+        }
+    }
+    release(a, 6);
+    return PyLong_FromLongLong((long long)total);
+fail:
+    release(a, 6);
+    return NULL;
+}
+
+/* gather(source, starts, lengths, k, out) -> items copied
+
+   source[starts[i]:starts[i] + lengths[i]] for i < k, one after another, into the start of
+   out (source and out: integers of one item size, 4 or 8 bytes). */
+static PyObject *gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_args(nargs, 5, "gather") < 0) return NULL;
+    Arr a[4];
+    memset(a, 0, sizeof a);
+    Py_ssize_t k;
+    if (get_ssize(args[3], &k, "k") < 0) return NULL;
+    if (get(args[0], &a[0], 0, 'x', "source") < 0 || get(args[1], &a[1], 0, 'i', "starts") < 0 ||
+        get(args[2], &a[2], 0, 'i', "lengths") < 0 || get(args[4], &a[3], 1, 'x', "out") < 0)
+        goto fail;
+    if (a[0].view.itemsize != a[3].view.itemsize) {
+        PyErr_SetString(PyExc_TypeError, "out: must have source's item size");
+        goto fail;
+    }
+    if (k < 0 || k > length(&a[1]) || k > length(&a[2])) {
+        PyErr_Format(PyExc_ValueError, "k: %zd is outside the arrays", k);
+        goto fail;
+    }
+    const int64_t *starts = a[1].view.buf, *lengths = a[2].view.buf;
+    Py_ssize_t have = length(&a[0]), room = length(&a[3]), item = a[0].view.itemsize, at = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (starts[i] < 0 || lengths[i] < 0 || starts[i] > have - lengths[i] ||
+            lengths[i] > room - at) {
+            PyErr_Format(PyExc_ValueError, "run %zd (start %lld, length %lld) is outside "
+                         "source or out", i, (long long)starts[i], (long long)lengths[i]);
+            goto fail;
+        }
+        at += lengths[i];
+    }
+    char *dst = a[3].view.buf;
+    const char *src = a[0].view.buf;
+    at = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        memcpy(dst + at * item, src + starts[i] * item, (size_t)(lengths[i] * item));
+        at += lengths[i];
+    }
+    release(a, 4);
+    return PyLong_FromSsize_t(at);
+fail:
+    release(a, 4);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"candidates", (PyCFunction)(void (*)(void))candidates, METH_FASTCALL,
+     "candidates(mark, size, end, phase, page, slots_out, pages_out) -> (k, smallest, total)"},
+    {"pick_counts", (PyCFunction)(void (*)(void))pick_counts, METH_FASTCALL,
+     "pick_counts(uniforms, start, n, leaves, counts_out) -> the largest count"},
+    {"trim", (PyCFunction)(void (*)(void))trim, METH_FASTCALL,
+     "trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens cut"},
+    {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,
+     "gather(source, starts, lengths, k, out) -> items copied"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_kernels",
+    "RLT's per-eviction loops, compiled (see engine_ext.cache.kernels).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

@@ -1,0 +1,19 @@
+# Types of the compiled loops (_kernels.c); engine_ext/cache/kernels.py documents them.
+from typing import Any
+
+def candidates(
+    mark: Any, size: Any, end: int, phase: int, page: int, slots_out: Any, pages_out: Any, /
+) -> tuple[int, int, int]: ...
+def pick_counts(uniforms: Any, start: int, n: int, leaves: int, counts_out: Any, /) -> int: ...
+def trim(
+    size: Any,
+    slots: Any,
+    taken: Any,
+    k: int,
+    page: int,
+    off: Any | None,
+    starts_out: Any | None,
+    lengths_out: Any | None,
+    /,
+) -> int: ...
+def gather(source: Any, starts: Any, lengths: Any, k: int, out: Any, /) -> int: ...

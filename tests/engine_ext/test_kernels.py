@@ -1,0 +1,214 @@
+"""RLT's per-eviction loops: the compiled ones (``_kernels.c``) and their numpy twins give the
+same results, write only where they say, and refuse bad input with a clear error before
+writing anything."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine_ext.cache import kernels
+
+IMPLEMENTATIONS = ["numpy", "compiled"]
+
+
+def implementation(name: str, kernel: str) -> Callable[..., Any]:
+    if name == "numpy":
+        return getattr(kernels, f"numpy_{kernel}")  # type: ignore[no-any-return]
+    if not kernels.COMPILED:
+        pytest.skip("the C extension is not built here (no C compiler at install time)")
+    from engine_ext.cache import _kernels
+
+    return getattr(_kernels, kernel)  # type: ignore[no-any-return]
+
+
+def test_the_extension_is_built_where_a_compiler_is() -> None:
+    """``pip install`` builds the extension whenever a C compiler and Python's headers are
+    there (it is optional only so that an install without them still works)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    headers = Path(sysconfig.get_paths()["include"], "Python.h").exists()
+    if not (compiler and headers):
+        pytest.skip("no C compiler or Python headers: the numpy loops are the ones in use")
+    assert kernels.COMPILED, "the C extension failed to build: see `pip install -v -e .`"
+    assert kernels.candidates is not kernels.numpy_candidates
+
+
+def both(kernel: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    return implementation("numpy", kernel), implementation("compiled", kernel)
+
+
+registries = st.integers(0, 40).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.integers(0, 6), min_size=n, max_size=n),  # marks (phase 0..6)
+        st.lists(st.integers(1, 64), min_size=n, max_size=n),  # sizes in tokens
+        st.integers(0, n),  # end
+        st.integers(0, 7),  # phase
+        st.sampled_from([1, 2, 4]),  # page
+    )
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(registries)
+def test_candidates_agree(case: tuple[list[int], list[int], int, int, int]) -> None:
+    marks, sizes, end, phase, page = case
+    mark = np.array(marks + [2**62] * 3, dtype=np.int64)  # spare slots past end, locked
+    size = np.array([s * page for s in sizes] + [5, 5, 5], dtype=np.int64)
+    results = []
+    for fn in both("candidates"):
+        slots, pages = np.full(len(mark), -7, np.int64), np.full(len(mark), -7, np.int64)
+        k, smallest, total = fn(mark, size, end, phase, page, slots, pages)
+        results.append((k, smallest, total, slots[:k].tolist(), pages[:k].tolist()))
+        assert (slots[k:] == -7).all(), "wrote past k"
+        assert (pages[k:] == -7).all(), "wrote past k"
+    want = [i for i in range(end) if marks[i] < phase]
+    assert results[0] == results[1]
+    k, smallest, total, slots_got, pages_got = results[0]
+    assert slots_got == want
+    assert pages_got == [sizes[i] for i in want]
+    assert (smallest, total) == ((min(pages_got), sum(pages_got)) if want else (0, 0))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 50), st.integers(0, 300), st.integers(0, 2**32 - 1))
+def test_pick_counts_agree_and_count_floor_u_times_leaves(leaves: int, n: int, seed: int) -> None:
+    uniforms = np.random.default_rng(seed).random(n + 10)
+    uniforms[-1] = np.nextafter(1.0, 0.0)  # the largest uniform still picks leaves - 1
+    start = 10 if n else 0
+    want = np.bincount((uniforms[start : start + n] * leaves).astype(np.intp), minlength=leaves)
+    for fn in both("pick_counts"):
+        counts = np.full(leaves + 2, -7, np.int64)
+        top = fn(uniforms, start, n, leaves, counts)
+        assert counts[:leaves].tolist() == want.tolist()
+        assert counts[leaves:].tolist() == [-7, -7]
+        assert top == (int(want.max()) if n else 0)
+    counts = np.zeros(leaves, np.int64)
+    both("pick_counts")[1](uniforms, len(uniforms) - 1, 1, leaves, counts)
+    assert counts[leaves - 1] == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 30), st.integers(0, 30)), min_size=1, max_size=20),
+    st.sampled_from([1, 2, 4]),
+    st.booleans(),
+    st.randoms(use_true_random=False),
+)
+def test_trim_agrees(leaves: list[tuple[int, int]], page: int, runs: bool, rnd: Any) -> None:
+    sizes = [pages * page for pages, _ in leaves]
+    chosen = sorted(rnd.sample(range(len(leaves)), rnd.randint(0, len(leaves))))
+    taken = [min(leaves[i][1], leaves[i][0]) for i in chosen]
+    slots = np.array(chosen, np.int64)
+    cuts = np.array(taken, np.int64)
+    off = np.arange(len(leaves), dtype=np.int64) * 1000
+    outcomes = []
+    for fn in both("trim"):
+        size = np.array(sizes, np.int64)
+        starts, lengths = np.full(len(slots), -1, np.int64), np.full(len(slots), -1, np.int64)
+        args = (off, starts, lengths) if runs else (None, None, None)
+        total = fn(size, slots, cuts, len(slots), page, *args)
+        outcomes.append((total, size.tolist(), starts.tolist(), lengths.tolist()))
+    assert outcomes[0] == outcomes[1]
+    total, size_after, starts_after, lengths_after = outcomes[0]
+    assert total == sum(taken) * page
+    expect = list(sizes)
+    for slot, pages in zip(chosen, taken, strict=True):
+        expect[slot] -= pages * page
+    assert size_after == expect
+    if runs:
+        assert starts_after == [slot * 1000 + expect[slot] for slot in chosen]
+        assert lengths_after == [pages * page for pages in taken]
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_gather_copies_the_runs_in_order(impl: str, dtype: type) -> None:
+    gather = implementation(impl, "gather")
+    source = np.arange(100, 200, dtype=dtype)
+    starts = np.array([5, 0, 90, 40], np.int64)
+    lengths = np.array([3, 2, 0, 4], np.int64)
+    out = np.full(12, -1, dtype=dtype)
+    assert gather(source, starts, lengths, 4, out) == 9
+    assert out.tolist() == [105, 106, 107, 100, 101, 140, 141, 142, 143, -1, -1, -1]
+    assert gather(source, starts, lengths, 1, out[9:]) == 3  # into a view, first run only
+    assert out[9:].tolist() == [105, 106, 107]
+
+
+def test_the_compiled_loops_refuse_bad_input_before_writing() -> None:
+    candidates, pick_counts, trim, gather = (
+        implementation("compiled", k) for k in ("candidates", "pick_counts", "trim", "gather")
+    )
+    mark = np.zeros(4, np.int64)
+    size = np.array([4, 4, 4, 4], np.int64)
+    out = np.zeros(4, np.int64)
+    with pytest.raises(TypeError, match="mark: expected a one-dimensional int64 array"):
+        candidates(mark.astype(np.int32), size, 4, 1, 1, out, out.copy())
+    frozen = np.zeros(4, np.int64)
+    frozen.setflags(write=False)
+    with pytest.raises(TypeError, match="slots_out: expected a writable"):
+        candidates(mark, size, 4, 1, 1, frozen, out)
+    with pytest.raises(TypeError, match="mark: expected a"):
+        candidates(mark[::2], size, 2, 1, 1, out, out.copy())  # not contiguous
+    with pytest.raises(ValueError, match="end: 5 is outside the arrays"):
+        candidates(mark, size, 5, 1, 1, out, out.copy())
+    with pytest.raises(ValueError, match="page: must be >= 1"):
+        candidates(mark, size, 4, 1, 0, out, out.copy())
+    with pytest.raises(TypeError, match=r"takes 7 arguments \(2 given\)"):
+        candidates(mark, size)
+    with pytest.raises(ValueError, match=r"uniforms\[1\] is not in \[0, 1\)"):
+        pick_counts(np.array([0.5, 1.0]), 0, 2, 3, out)
+    with pytest.raises(ValueError, match="start, n: 1, 2 are outside the uniforms"):
+        pick_counts(np.array([0.5, 0.5]), 1, 2, 3, out)
+    with pytest.raises(ValueError, match=r"leaves: 5 is not in 1\.\.len"):
+        pick_counts(np.array([0.5]), 0, 1, 5, out)
+    with pytest.raises(TypeError, match="uniforms: expected a one-dimensional float64"):
+        pick_counts(np.array([1, 2]), 0, 1, 3, out)
+    before = size.tolist()
+    with pytest.raises(ValueError, match=r"taken\[1\] = 5 pages: the leaf in slot 2 holds 4"):
+        trim(size, np.array([0, 2], np.int64), np.array([1, 5], np.int64), 2, 1, None, None, None)
+    with pytest.raises(IndexError, match=r"slots\[1\] = 9 is not a slot"):
+        trim(size, np.array([0, 9], np.int64), np.array([1, 1], np.int64), 2, 1, None, None, None)
+    assert size.tolist() == before, "a refused trim wrote nothing"
+    with pytest.raises(ValueError, match=r"run 0 .* is outside source or out"):
+        gather(np.arange(10), np.array([8], np.int64), np.array([5], np.int64), 1, out)
+    with pytest.raises(TypeError, match="out: must have source's item size"):
+        gather(
+            np.arange(10),
+            np.array([0], np.int64),
+            np.array([2], np.int64),
+            1,
+            out[:2].view(np.int32),
+        )
+
+
+def test_without_the_extension_the_numpy_loops_run() -> None:
+    """An install that could not build the extension imports, says so and evicts."""
+    script = """
+import random, sys
+sys.modules["engine_ext.cache._kernels"] = None  # what a failed build leaves: no module
+from engine_ext.cache import RadixCache, kernels, leaf_sampling
+assert not kernels.COMPILED and kernels.trim is kernels.numpy_trim
+assert leaf_sampling.FEW_LEAVES == 32
+for leaves in (8, 200):
+    cache = RadixCache(100_000, "rlt", rng=random.Random(0))
+    for i in range(leaves):
+        cache.insert(tuple([i + 1] + [0] * 200))
+    assert cache.evict(1_000) == 1_000
+    cache.check_invariants()
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ok"
