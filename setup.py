@@ -9,6 +9,8 @@ setup(
         Extension(
             "engine_ext.cache._kernels",
             sources=["engine_ext/cache/_kernels.c"],
+            # first_round decides as leaf_sampling does in Python: no fused multiply-adds
+            extra_compile_args=["-ffp-contract=off"],
             optional=True,
         )
     ]

@@ -13,6 +13,7 @@ Only the CPython C API is used (the buffer protocol; no numpy headers).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 typedef struct {
@@ -121,6 +122,100 @@ static PyObject *candidates(PyObject *self, PyObject *const *args, Py_ssize_t na
     return Py_BuildValue("(nLL)", k, (long long)smallest, (long long)total);
 fail:
     release(a, 4);
+    return NULL;
+}
+
+/* first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf,
+               max_rounds, slots_out, pages_out, counts_out) -> (status, k, smallest)
+
+   An eviction's common case in one call: candidates() into slots_out and pages_out, then,
+   if leaf_sampling would draw the first round as buffered picks (fewer than
+   picks_per_leaf per leaf, not the continuous-time draw, the buffer holds `need` more
+   uniforms from `start`), those picks' counts into counts_out[:k]. Status 0: no leaf
+   emptied, so the counts are the whole draw (the caller consumes the `need` uniforms);
+   1: the caller draws, from the candidates gathered here (no uniform was consumed); 2: the
+   candidates hold fewer than `need` pages (a new phase is due). The rules are
+   leaf_sampling's _choose and _draw_picks, for the picks case only. */
+static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_args(nargs, 13, "first_round") < 0) return NULL;
+    Arr a[6];
+    memset(a, 0, sizeof a);
+    Py_ssize_t end, phase, page, need, start, per_leaf, max_rounds;
+    if (get_ssize(args[2], &end, "end") < 0 || get_ssize(args[3], &phase, "phase") < 0 ||
+        get_ssize(args[4], &page, "page") < 0 || get_ssize(args[5], &need, "need") < 0 ||
+        get_ssize(args[7], &start, "start") < 0 ||
+        get_ssize(args[8], &per_leaf, "picks_per_leaf") < 0 ||
+        get_ssize(args[9], &max_rounds, "max_rounds") < 0)
+        return NULL;
+    if (page < 1) return PyErr_Format(PyExc_ValueError, "page: must be >= 1, got %zd", page);
+    if (get(args[0], &a[0], 0, 'i', "mark") < 0 || get(args[1], &a[1], 0, 'i', "size") < 0 ||
+        get(args[6], &a[2], 0, 'f', "uniforms") < 0 ||
+        get(args[10], &a[3], 1, 'i', "slots_out") < 0 ||
+        get(args[11], &a[4], 1, 'i', "pages_out") < 0 ||
+        get(args[12], &a[5], 1, 'i', "counts_out") < 0)
+        goto fail;
+    if (end < 0 || end > length(&a[0]) || end > length(&a[1]) || end > length(&a[3]) ||
+        end > length(&a[4]) || end > length(&a[5])) {
+        PyErr_Format(PyExc_ValueError, "end: %zd is outside the arrays", end);
+        goto fail;
+    }
+    if (start < 0 || start > length(&a[2])) {
+        PyErr_Format(PyExc_ValueError, "start: %zd is outside the uniforms", start);
+        goto fail;
+    }
+    const int64_t *mark = a[0].view.buf, *size = a[1].view.buf;
+    int64_t *slots = a[3].view.buf, *pages = a[4].view.buf, *counts = a[5].view.buf;
+    Py_ssize_t k = 0;
+    int64_t smallest = 0, total = 0;
+    for (Py_ssize_t i = 0; i < end; i++) {
+        if (mark[i] < phase) {
+            int64_t p = size[i] / page;
+            slots[k] = i;
+            pages[k] = p;
+            if (k == 0 || p < smallest) smallest = p;
+            total += p;
+            k++;
+        }
+    }
+    int status = 1;
+    if (total < need) {
+        status = 2;
+    } else if (need > 0 && need < per_leaf * k && need <= length(&a[2]) - start) {
+        int continuous = 0;
+        if (need > smallest) { /* _choose: no leaf is sure to keep a page */
+            double mean = (double)need / (double)k;
+            double bound = mean + 3.0 * sqrt(mean) + 1.0;
+            if (!((double)smallest > bound)) {
+                Py_ssize_t likely = 0;
+                for (Py_ssize_t i = 0; i < k; i++) likely += (double)pages[i] <= bound;
+                continuous = likely > max_rounds;
+            }
+        }
+        if (!continuous) {
+            const double *u = (const double *)a[2].view.buf + start;
+            const double scale = (double)k;
+            memset(counts, 0, (size_t)k * sizeof(int64_t));
+            for (Py_ssize_t j = 0; j < need; j++) {
+                double x = u[j] * scale;
+                if (!(x >= 0.0 && x < scale)) {
+                    PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)", start + j);
+                    goto fail;
+                }
+                counts[(Py_ssize_t)x]++;
+            }
+            status = 0;
+            for (Py_ssize_t i = 0; i < k; i++) {
+                if (counts[i] >= pages[i]) {
+                    status = 1; /* a leaf empties: the caller's draw goes on from here */
+                    break;
+                }
+            }
+        }
+    }
+    release(a, 6);
+    return Py_BuildValue("(inL)", status, k, (long long)smallest);
+fail:
+    release(a, 6);
     return NULL;
 }
 
@@ -280,6 +375,9 @@ fail:
 static PyMethodDef methods[] = {
     {"candidates", (PyCFunction)(void (*)(void))candidates, METH_FASTCALL,
      "candidates(mark, size, end, phase, page, slots_out, pages_out) -> (k, smallest, total)"},
+    {"first_round", (PyCFunction)(void (*)(void))first_round, METH_FASTCALL,
+     "first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf, "
+     "max_rounds, slots_out, pages_out, counts_out) -> (status, k, smallest)"},
     {"pick_counts", (PyCFunction)(void (*)(void))pick_counts, METH_FASTCALL,
      "pick_counts(uniforms, start, n, leaves, counts_out) -> the largest count"},
     {"trim", (PyCFunction)(void (*)(void))trim, METH_FASTCALL,

@@ -4,6 +4,22 @@ from typing import Any
 def candidates(
     mark: Any, size: Any, end: int, phase: int, page: int, slots_out: Any, pages_out: Any, /
 ) -> tuple[int, int, int]: ...
+def first_round(
+    mark: Any,
+    size: Any,
+    end: int,
+    phase: int,
+    page: int,
+    need: int,
+    uniforms: Any,
+    start: int,
+    picks_per_leaf: int,
+    max_rounds: int,
+    slots_out: Any,
+    pages_out: Any,
+    counts_out: Any,
+    /,
+) -> tuple[int, int, int]: ...
 def pick_counts(uniforms: Any, start: int, n: int, leaves: int, counts_out: Any, /) -> int: ...
 def trim(
     size: Any,

@@ -4,7 +4,7 @@ An eviction of a few thousand tokens is little work (a few hundred leaves, a few
 picks) spread over many small numpy calls, and a numpy call costs microseconds when the
 caches are cold, as they are in a scheduler between batches: most of the eviction's time
 (see docs/sglang_plugin.md, "Eviction cost"). ``_kernels`` (``_kernels.c``, built by
-``pip install`` when a C compiler is at hand) runs each of these four loops as one C call.
+``pip install`` when a C compiler is at hand) runs each of these loops as one C call.
 Without it, the numpy functions below do the same; ``COMPILED`` says which are in use, and
 the tests check that both give the same results. Every function writes into arrays the
 caller owns (int64 unless said), so neither allocates on the hot path.
@@ -13,6 +13,16 @@ caller owns (int64 unless said), so neither allocates on the hot path.
   total)``: the slots ``i < end`` with ``mark[i] < phase``, in order, into
   ``slots_out[:k]``, their sizes in pages (``size // page``) into ``pages_out[:k]``, and the
   smallest and the sum of those (both 0 if there are none).
+- ``first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf,
+  max_rounds, slots_out, pages_out, counts_out) -> (status, k, smallest)``: an eviction's
+  common case at once. ``candidates`` into ``slots_out`` and ``pages_out``; then, where
+  ``leaf_sampling`` would draw the first round as picks from ``Draws``' buffer (fewer than
+  ``picks_per_leaf`` picks per leaf, not the continuous-time draw, ``need`` uniforms left
+  from ``start``), their counts into ``counts_out[:k]``. ``WHOLE``: no leaf emptied, the
+  counts are the whole draw (the caller consumes the uniforms); ``DRAW``: the caller
+  draws, from these candidates (no uniform was consumed); ``SHORT``: they hold fewer than
+  ``need`` pages. The numpy twin never says ``WHOLE``: the caller's own draw then runs,
+  the same draw (``tests/engine_ext/test_kernels.py``).
 - ``pick_counts(uniforms, start, n, leaves, counts_out) -> top``: ``counts_out[:leaves]``
   counts the picks ``floor(u * leaves)`` of the float64 ``uniforms[start:start + n]``;
   returns the largest count.
@@ -30,7 +40,19 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["COMPILED", "candidates", "gather", "pick_counts", "trim"]
+__all__ = [
+    "COMPILED",
+    "DRAW",
+    "SHORT",
+    "WHOLE",
+    "candidates",
+    "first_round",
+    "gather",
+    "pick_counts",
+    "trim",
+]
+
+WHOLE, DRAW, SHORT = 0, 1, 2  # what ``first_round`` says
 
 
 def numpy_candidates(
@@ -50,6 +72,25 @@ def numpy_candidates(
     slots_out[:k] = slots
     pages_out[:k] = pages
     return k, int(np.minimum.reduce(pages)), int(np.add.reduce(pages))
+
+
+def numpy_first_round(
+    mark: np.ndarray,
+    size: np.ndarray,
+    end: int,
+    phase: int,
+    page: int,
+    need: int,
+    uniforms: np.ndarray,
+    start: int,
+    picks_per_leaf: int,
+    max_rounds: int,
+    slots_out: np.ndarray,
+    pages_out: np.ndarray,
+    counts_out: np.ndarray,
+) -> tuple[int, int, int]:
+    k, smallest, total = numpy_candidates(mark, size, end, phase, page, slots_out, pages_out)
+    return (SHORT if total < need else DRAW), k, smallest
 
 
 def numpy_pick_counts(
@@ -103,6 +144,7 @@ def numpy_gather(
 try:
     from engine_ext.cache._kernels import (
         candidates,
+        first_round,
         gather,
         pick_counts,
         trim,
@@ -110,8 +152,9 @@ try:
 
     COMPILED = True
 except ImportError:  # no C compiler at install time: the same loops in numpy
-    candidates, pick_counts, trim, gather = (
+    candidates, first_round, pick_counts, trim, gather = (
         numpy_candidates,
+        numpy_first_round,
         numpy_pick_counts,
         numpy_trim,
         numpy_gather,

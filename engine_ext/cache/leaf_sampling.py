@@ -121,6 +121,14 @@ class Draws(np.random.Generator):
         top = kernels.pick_counts(uniforms, start, n, leaves, counts)
         return counts, top, partial(_picks_of, uniforms, start, n, leaves)
 
+    def ahead(self) -> tuple[np.ndarray, int]:
+        """The buffer and where its unused uniforms start (``kernels.first_round`` reads
+        them in place; ``consume`` then moves past what it used)."""
+        return self._uniforms, self._used
+
+    def consume(self, n: int) -> None:
+        self._used += n
+
     def _take(self, n: int) -> tuple[np.ndarray, int]:
         """The next ``n`` uniforms: the buffer (refilled first if it has fewer left) and
         where they start in it."""

@@ -30,6 +30,8 @@ import numpy as np
 
 from engine_ext.cache import kernels
 from engine_ext.cache.leaf_sampling import (
+    _MAX_ROUNDS,
+    _MULTINOMIAL_PICKS_PER_LEAF,
     FEW_LEAVES,
     Draws,
     draw_first_counts,
@@ -60,9 +62,9 @@ class RLTEviction:
         self.marked_tokens = 0
         self.phases_started = 0
         self.registry = cache.leaves  # the unlocked leaves are candidates (DESIGN 3.3)
-        # The candidates' slots and sizes in pages (``_candidate_slots``), reused: an
-        # eviction's arrays are views of these, valid until the next eviction.
-        self._slots = self._pages = np.empty(0, dtype=np.int64)
+        # The candidates' slots, sizes in pages and pages taken (``_first_round``), reused:
+        # an eviction's arrays are views of these, valid until the next eviction.
+        self._slots = self._pages = self._counts = np.empty(0, dtype=np.int64)
 
     def reset(self) -> None:
         self.phase += 1
@@ -112,10 +114,12 @@ class RLTEviction:
             slots = np.asarray(cand, dtype=np.int64)
             pages = np.asarray(cand_pages, dtype=np.int64)
         else:
-            slots, pages, smallest = self._candidate_slots(need * page, short)
+            slots, pages, smallest, whole = self._first_round(need, short)
             if not len(slots):
                 return 0
-            method, drawn, whole = draw_first_counts(pages, need, self.gen, smallest)
+            method, drawn = None, None
+            if whole is None:
+                method, drawn, whole = draw_first_counts(pages, need, self.gen, smallest)
             if whole is not None:  # the common case: every candidate loses a few pages
                 cache.cut_tails(slots, whole)
                 return need * page
@@ -165,28 +169,42 @@ class RLTEviction:
             return False
         return cache.total_tokens - self.marked_tokens < need_tokens
 
-    def _candidate_slots(self, need_tokens: int, short: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    def _first_round(
+        self, need: int, short: bool
+    ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
         """Registry slots of the unmarked, unlocked leaves, their sizes in pages and the
         smallest size (0 if there are none), after starting a new phase if those hold
-        fewer than ``need_tokens`` (or ``short``: the caller knows they do): one loop over
-        the registry (``kernels.candidates``), into arrays kept for the next eviction."""
-        registry, page = self.registry, self.cache.page_size
+        fewer than ``need`` pages (or ``short``: the caller knows they do); and in an
+        eviction's common case the whole draw (pages taken per candidate, when the first
+        round's picks empty no leaf), else None. One call does it all
+        (``kernels.first_round``), into arrays kept for the next eviction."""
+        registry, page, gen = self.registry, self.cache.page_size, self.gen
         end, mark, size = registry.end, registry.mark, registry.size
-        slots, pages = self._slots, self._pages
+        slots, pages, counts = self._slots, self._pages, self._counts
         if len(slots) < end:
             slots = self._slots = np.empty(len(size), dtype=np.int64)
             pages = self._pages = np.empty(len(size), dtype=np.int64)
-        if not short:
-            k, smallest, total = kernels.candidates(mark, size, end, self.phase, page, slots, pages)
-            short = total * page < need_tokens
+            counts = self._counts = np.empty(len(size), dtype=np.int64)
         if short:
             self.new_phase()
-            k, smallest, _ = kernels.candidates(mark, size, end, self.phase, page, slots, pages)
-        return slots[:k], pages[:k], smallest
+        uniforms, start = gen.ahead()
+        args = (need, uniforms, start, _MULTINOMIAL_PICKS_PER_LEAF, _MAX_ROUNDS)
+        status, k, smallest = kernels.first_round(
+            mark, size, end, self.phase, page, *args, slots, pages, counts
+        )
+        if status == kernels.SHORT and not short:
+            self.new_phase()
+            status, k, smallest = kernels.first_round(
+                mark, size, end, self.phase, page, *args, slots, pages, counts
+            )
+        if status == kernels.WHOLE:
+            gen.consume(need)
+            return slots[:k], pages[:k], smallest, counts[:k]
+        return slots[:k], pages[:k], smallest, None
 
     def _few_candidates(self, need_tokens: int, short: bool) -> tuple[list[int], list[int]]:
-        """``_candidate_slots`` with Python lists, for a registry of a few leaves (read from
-        its arrays, as there: the nodes themselves are not touched)."""
+        """``_first_round``'s candidates with Python lists, for a registry of a few leaves
+        (read from its arrays, as there: the nodes themselves are not touched)."""
         registry = self.registry
         end = registry.end
         marks, sizes = registry.mark[:end].tolist(), registry.size[:end].tolist()

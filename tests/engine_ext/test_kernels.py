@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_ext.cache import kernels
+from engine_ext.cache import kernels, leaf_sampling
 
 IMPLEMENTATIONS = ["numpy", "compiled"]
 
@@ -212,3 +212,56 @@ print("ok")
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "ok"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40)), min_size=1, max_size=40),
+    st.integers(1, 400),
+    st.sampled_from([1, 2]),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 500),
+)
+def test_first_round_is_the_draw_leaf_sampling_makes(
+    leaves: list[tuple[int, int]], need: int, page: int, seed: int, used: int
+) -> None:
+    """The compiled ``first_round`` says WHOLE exactly when ``leaf_sampling`` would draw a
+    first round of buffered picks that empties no leaf, with the same counts from the same
+    uniforms; it gathers the same candidates as ``candidates`` and consumes nothing."""
+    first_round = implementation("compiled", "first_round")
+    phase = 2
+    mark = np.array([m for m, _ in leaves], np.int64)
+    size = np.array([p * page for _, p in leaves], np.int64)
+    end = len(leaves)
+    draws = leaf_sampling.Draws(seed, buffer=512)
+    draws.consume(min(used, 512))
+    uniforms, start = draws.ahead()
+    slots, pages, counts = (np.zeros(end, np.int64) for _ in range(3))
+    status, k, smallest = first_round(
+        mark, size, end, phase, page, need, uniforms, start,
+        leaf_sampling._MULTINOMIAL_PICKS_PER_LEAF, leaf_sampling._MAX_ROUNDS,
+        slots, pages, counts,
+    )  # fmt: skip
+    assert draws.ahead() == (uniforms, start), "first_round consumes nothing itself"
+    want_slots, want_pages = np.zeros(end, np.int64), np.zeros(end, np.int64)
+    want_k, want_smallest, total = kernels.numpy_candidates(
+        mark, size, end, phase, page, want_slots, want_pages
+    )
+    assert (k, smallest) == (want_k, want_smallest)
+    assert slots[:k].tolist() == want_slots[:k].tolist()
+    assert pages[:k].tolist() == want_pages[:k].tolist()
+    if total < need:
+        assert status == kernels.SHORT
+        return
+    method, _, whole = leaf_sampling.draw_first_counts(pages[:k], need, draws, smallest)
+    buffered = (
+        method != "continuous"
+        and need < leaf_sampling._MULTINOMIAL_PICKS_PER_LEAF * k
+        and start + need <= len(uniforms)
+    )
+    if buffered and whole is not None:
+        assert status == kernels.WHOLE
+        assert counts[:k].tolist() == whole.tolist()
+        assert draws.ahead()[1] == start + need  # the uniforms the caller then consumes
+    else:
+        assert status == kernels.DRAW

@@ -160,6 +160,7 @@ def test_a_pending_trim_is_applied_when_sglang_first_reads_the_leaf(
         return counts, int(counts.max()), lambda: picks
 
     monkeypatch.setattr(cache.rlt.gen, "pick_counts", in_turn)
+    monkeypatch.setattr(kernels, "first_round", kernels.numpy_first_round)  # draws in Python
     a = insert(cache, allocator, list(range(12)))
     b = insert(cache, allocator, list(range(100, 112)))
     c = insert(cache, allocator, list(range(200, 212)))
