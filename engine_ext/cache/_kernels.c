@@ -2,10 +2,10 @@
 
 An eviction of a few thousand tokens is cheap work (a few hundred leaves, a few thousand
 picks) behind many small numpy calls, and each call costs microseconds when the caches are
-cold, as they are in a scheduler between batches: most of the eviction's time. These four
+cold, as they are in a scheduler between batches: most of the eviction's time. These
 loops replace those calls, one C call each. They read and write numpy arrays (any object
 with a C-contiguous, one-dimensional buffer of the right item size) in place and allocate
-nothing. engine_ext/cache/kernels.py has the same four functions in numpy, used when this
+nothing. engine_ext/cache/kernels.py has the same functions in numpy, used when this
 module is not built; tests check that both give the same results.
 
 Only the CPython C API is used (the buffer protocol; no numpy headers).
@@ -81,54 +81,13 @@ static int check_args(Py_ssize_t nargs, Py_ssize_t want, const char *fn) {
     return 0;
 }
 
-/* candidates(mark, size, end, phase, page, slots_out, pages_out) -> (k, smallest, total)
-
-   The slots i < end with mark[i] < phase, in order, into slots_out[:k]; their sizes in
-   pages (size[i] // page) into pages_out[:k]; the smallest of those and their sum (both 0
-   if k == 0). */
-static PyObject *candidates(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (check_args(nargs, 7, "candidates") < 0) return NULL;
-    Arr a[4];
-    memset(a, 0, sizeof a);
-    Py_ssize_t end, phase, page;
-    if (get_ssize(args[2], &end, "end") < 0 || get_ssize(args[3], &phase, "phase") < 0 ||
-        get_ssize(args[4], &page, "page") < 0)
-        return NULL;
-    if (page < 1) return PyErr_Format(PyExc_ValueError, "page: must be >= 1, got %zd", page);
-    if (get(args[0], &a[0], 0, 'i', "mark") < 0 || get(args[1], &a[1], 0, 'i', "size") < 0 ||
-        get(args[5], &a[2], 1, 'i', "slots_out") < 0 ||
-        get(args[6], &a[3], 1, 'i', "pages_out") < 0)
-        goto fail;
-    if (end < 0 || end > length(&a[0]) || end > length(&a[1]) || end > length(&a[2]) ||
-        end > length(&a[3])) {
-        PyErr_Format(PyExc_ValueError, "end: %zd is outside the arrays", end);
-        goto fail;
-    }
-    const int64_t *mark = a[0].view.buf, *size = a[1].view.buf;
-    int64_t *slots = a[2].view.buf, *pages = a[3].view.buf;
-    Py_ssize_t k = 0;
-    int64_t smallest = 0, total = 0;
-    for (Py_ssize_t i = 0; i < end; i++) {
-        if (mark[i] < phase) {
-            int64_t p = size[i] / page;
-            slots[k] = i;
-            pages[k] = p;
-            if (k == 0 || p < smallest) smallest = p;
-            total += p;
-            k++;
-        }
-    }
-    release(a, 4);
-    return Py_BuildValue("(nLL)", k, (long long)smallest, (long long)total);
-fail:
-    release(a, 4);
-    return NULL;
-}
-
 /* first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf,
-               max_rounds, slots_out, pages_out, counts_out) -> (status, k, smallest)
+               max_rounds, slots_out, pages_out, counts_out)
+   -> (status, k, smallest, slots_out, pages_out)
 
-   An eviction's common case in one call: candidates() into slots_out and pages_out, then,
+   An eviction's common case in one call. The candidates: the slots i < end with
+   mark[i] < phase, in order, into slots_out[:k], their sizes in pages (size[i] // page)
+   into pages_out[:k], and the smallest of those (0 if k == 0). Then,
    if leaf_sampling would draw the first round as buffered picks (fewer than
    picks_per_leaf per leaf, not the continuous-time draw, the buffer holds `need` more
    uniforms from `start`), those picks' counts into counts_out[:k]. Status 0: no leaf
@@ -213,13 +172,13 @@ static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t n
         }
     }
     release(a, 6);
-    return Py_BuildValue("(inL)", status, k, (long long)smallest);
+    return Py_BuildValue("(inLOO)", status, k, (long long)smallest, args[10], args[11]);
 fail:
     release(a, 6);
     return NULL;
 }
 
-/* pick_counts(uniforms, start, n, leaves, counts_out) -> the largest count
+/* pick_counts(uniforms, start, n, leaves, counts_out) -> (counts_out, the largest count)
 
    counts_out[:leaves] = how many of uniforms[start:start + n] pick each leaf, a pick being
    floor(u * leaves), exactly as numpy's (u * leaves).astype(intp) computes it. */
@@ -258,7 +217,7 @@ static PyObject *pick_counts(PyObject *self, PyObject *const *args, Py_ssize_t n
     for (Py_ssize_t i = 0; i < leaves; i++)
         if (counts[i] > top) top = counts[i];
     release(a, 2);
-    return PyLong_FromLongLong((long long)top);
+    return Py_BuildValue("(OL)", args[4], (long long)top);
 fail:
     release(a, 2);
     return NULL;
@@ -373,13 +332,12 @@ fail:
 }
 
 static PyMethodDef methods[] = {
-    {"candidates", (PyCFunction)(void (*)(void))candidates, METH_FASTCALL,
-     "candidates(mark, size, end, phase, page, slots_out, pages_out) -> (k, smallest, total)"},
     {"first_round", (PyCFunction)(void (*)(void))first_round, METH_FASTCALL,
      "first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf, "
-     "max_rounds, slots_out, pages_out, counts_out) -> (status, k, smallest)"},
+     "max_rounds, slots_out, pages_out, counts_out) -> (status, k, smallest, slots_out, "
+     "pages_out)"},
     {"pick_counts", (PyCFunction)(void (*)(void))pick_counts, METH_FASTCALL,
-     "pick_counts(uniforms, start, n, leaves, counts_out) -> the largest count"},
+     "pick_counts(uniforms, start, n, leaves, counts_out) -> (counts_out, the largest count)"},
     {"trim", (PyCFunction)(void (*)(void))trim, METH_FASTCALL,
      "trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens cut"},
     {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,

@@ -1,9 +1,6 @@
 # Types of the compiled loops (_kernels.c); engine_ext/cache/kernels.py documents them.
 from typing import Any
 
-def candidates(
-    mark: Any, size: Any, end: int, phase: int, page: int, slots_out: Any, pages_out: Any, /
-) -> tuple[int, int, int]: ...
 def first_round(
     mark: Any,
     size: Any,
@@ -19,8 +16,10 @@ def first_round(
     pages_out: Any,
     counts_out: Any,
     /,
-) -> tuple[int, int, int]: ...
-def pick_counts(uniforms: Any, start: int, n: int, leaves: int, counts_out: Any, /) -> int: ...
+) -> tuple[int, int, int, Any, Any]: ...
+def pick_counts(
+    uniforms: Any, start: int, n: int, leaves: int, counts_out: Any, /
+) -> tuple[Any, int]: ...
 def trim(
     size: Any,
     slots: Any,

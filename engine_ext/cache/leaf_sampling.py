@@ -117,8 +117,8 @@ class Draws(np.random.Generator):
         largest count and a function that returns the picks themselves, in order (the same
         uniforms: needed only when a leaf empties). ``n`` at most the buffer's size."""
         uniforms, start = self._take(n)
-        counts = np.empty(leaves, dtype=np.int64)
-        top = kernels.pick_counts(uniforms, start, n, leaves, counts)
+        out = np.empty(leaves, dtype=np.int64) if kernels.COMPILED else None
+        counts, top = kernels.pick_counts(uniforms, start, n, leaves, out)
         return counts, top, partial(_picks_of, uniforms, start, n, leaves)
 
     def ahead(self) -> tuple[np.ndarray, int]:

@@ -180,27 +180,30 @@ class RLTEviction:
         (``kernels.first_round``), into arrays kept for the next eviction."""
         registry, page, gen = self.registry, self.cache.page_size, self.gen
         end, mark, size = registry.end, registry.mark, registry.size
-        slots, pages, counts = self._slots, self._pages, self._counts
-        if len(slots) < end:
-            slots = self._slots = np.empty(len(size), dtype=np.int64)
-            pages = self._pages = np.empty(len(size), dtype=np.int64)
-            counts = self._counts = np.empty(len(size), dtype=np.int64)
+        if kernels.COMPILED and len(self._slots) < end:  # (the numpy loops make their own)
+            self._slots, self._pages, self._counts = (
+                np.empty(len(size), dtype=np.int64) for _ in range(3)
+            )
+        counts = self._counts
+        outs = (self._slots, self._pages, counts)
         if short:
             self.new_phase()
         uniforms, start = gen.ahead()
-        args = (need, uniforms, start, _MULTINOMIAL_PICKS_PER_LEAF, _MAX_ROUNDS)
-        status, k, smallest = kernels.first_round(
-            mark, size, end, self.phase, page, *args, slots, pages, counts
+        args = (need, uniforms, start, _MULTINOMIAL_PICKS_PER_LEAF, _MAX_ROUNDS, *outs)
+        status, k, smallest, slots, pages = kernels.first_round(
+            mark, size, end, self.phase, page, *args
         )
         if status == kernels.SHORT and not short:
             self.new_phase()
-            status, k, smallest = kernels.first_round(
-                mark, size, end, self.phase, page, *args, slots, pages, counts
+            status, k, smallest, slots, pages = kernels.first_round(
+                mark, size, end, self.phase, page, *args
             )
+        if len(slots) != k:  # the compiled loop's arrays: the first k are the candidates
+            slots, pages = slots[:k], pages[:k]
         if status == kernels.WHOLE:
             gen.consume(need)
-            return slots[:k], pages[:k], smallest, counts[:k]
-        return slots[:k], pages[:k], smallest, None
+            return slots, pages, smallest, counts[:k]
+        return slots, pages, smallest, None
 
     def _few_candidates(self, need_tokens: int, short: bool) -> tuple[list[int], list[int]]:
         """``_first_round``'s candidates with Python lists, for a registry of a few leaves

@@ -10,7 +10,7 @@ import pytest
 
 from engine_ext.cache import kernels, rlt
 
-KERNELS = ("candidates", "pick_counts", "trim", "gather")
+KERNELS = ("first_round", "pick_counts", "trim", "gather")
 PATHS = ("lists", "arrays", "compiled")
 
 

@@ -40,7 +40,7 @@ def test_the_extension_is_built_where_a_compiler_is() -> None:
     if not (compiler and headers):
         pytest.skip("no C compiler or Python headers: the numpy loops are the ones in use")
     assert kernels.COMPILED, "the C extension failed to build: see `pip install -v -e .`"
-    assert kernels.candidates is not kernels.numpy_candidates
+    assert kernels.first_round is not kernels.numpy_first_round
 
 
 def both(kernel: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -50,33 +50,48 @@ def both(kernel: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
 registries = st.integers(0, 40).flatmap(
     lambda n: st.tuples(
         st.lists(st.integers(0, 6), min_size=n, max_size=n),  # marks (phase 0..6)
-        st.lists(st.integers(1, 64), min_size=n, max_size=n),  # sizes in tokens
+        st.lists(st.integers(1, 64), min_size=n, max_size=n),  # sizes in pages
         st.integers(0, n),  # end
         st.integers(0, 7),  # phase
         st.sampled_from([1, 2, 4]),  # page
+        st.integers(0, 3_000),  # need, in pages
     )
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(registries)
-def test_candidates_agree(case: tuple[list[int], list[int], int, int, int]) -> None:
-    marks, sizes, end, phase, page = case
+def test_first_round_gathers_the_candidates(
+    case: tuple[list[int], list[int], int, int, int, int],
+) -> None:
+    """Both ``first_round`` implementations find the same candidates and sizes in pages,
+    the smallest, and whether they hold ``need`` pages; the compiled one writes nothing
+    past them."""
+    marks, sizes, end, phase, page, need = case
     mark = np.array(marks + [2**62] * 3, dtype=np.int64)  # spare slots past end, locked
     size = np.array([s * page for s in sizes] + [5, 5, 5], dtype=np.int64)
+    uniforms = np.random.default_rng(0).random(64)
     results = []
-    for fn in both("candidates"):
-        slots, pages = np.full(len(mark), -7, np.int64), np.full(len(mark), -7, np.int64)
-        k, smallest, total = fn(mark, size, end, phase, page, slots, pages)
-        results.append((k, smallest, total, slots[:k].tolist(), pages[:k].tolist()))
-        assert (slots[k:] == -7).all(), "wrote past k"
-        assert (pages[k:] == -7).all(), "wrote past k"
+    for fn in both("first_round"):
+        outs = [np.full(len(mark), -7, np.int64) for _ in range(3)]
+        status, k, smallest, slots, pages = fn(
+            mark, size, end, phase, page, need, uniforms, 0, 8, 8, *outs
+        )
+        results.append(
+            (status == kernels.SHORT, k, smallest, slots[:k].tolist(), pages[:k].tolist())
+        )
+        if fn is not kernels.numpy_first_round:
+            assert slots is outs[0]
+            assert pages is outs[1]
+            assert (outs[0][k:] == -7).all(), "wrote past k"
+            assert (outs[1][k:] == -7).all(), "wrote past k"
     want = [i for i in range(end) if marks[i] < phase]
     assert results[0] == results[1]
-    k, smallest, total, slots_got, pages_got = results[0]
+    short, k, smallest, slots_got, pages_got = results[0]
     assert slots_got == want
     assert pages_got == [sizes[i] for i in want]
-    assert (smallest, total) == ((min(pages_got), sum(pages_got)) if want else (0, 0))
+    assert smallest == (min(pages_got) if want else 0)
+    assert short == (need > sum(pages_got))
 
 
 @settings(max_examples=150, deadline=None)
@@ -87,13 +102,14 @@ def test_pick_counts_agree_and_count_floor_u_times_leaves(leaves: int, n: int, s
     start = 10 if n else 0
     want = np.bincount((uniforms[start : start + n] * leaves).astype(np.intp), minlength=leaves)
     for fn in both("pick_counts"):
-        counts = np.full(leaves + 2, -7, np.int64)
-        top = fn(uniforms, start, n, leaves, counts)
+        out = np.full(leaves + 2, -7, np.int64)
+        counts, top = fn(uniforms, start, n, leaves, out)
         assert counts[:leaves].tolist() == want.tolist()
-        assert counts[leaves:].tolist() == [-7, -7]
         assert top == (int(want.max()) if n else 0)
-    counts = np.zeros(leaves, np.int64)
-    both("pick_counts")[1](uniforms, len(uniforms) - 1, 1, leaves, counts)
+        if fn is not kernels.numpy_pick_counts:
+            assert counts is out
+            assert out[leaves:].tolist() == [-7, -7], "wrote past leaves"
+    counts, _ = both("pick_counts")[1](uniforms, len(uniforms) - 1, 1, leaves, out)
     assert counts[leaves - 1] == 1
 
 
@@ -145,26 +161,33 @@ def test_gather_copies_the_runs_in_order(impl: str, dtype: type) -> None:
 
 
 def test_the_compiled_loops_refuse_bad_input_before_writing() -> None:
-    candidates, pick_counts, trim, gather = (
-        implementation("compiled", k) for k in ("candidates", "pick_counts", "trim", "gather")
+    first_round, pick_counts, trim, gather = (
+        implementation("compiled", k) for k in ("first_round", "pick_counts", "trim", "gather")
     )
     mark = np.zeros(4, np.int64)
     size = np.array([4, 4, 4, 4], np.int64)
     out = np.zeros(4, np.int64)
+    u = np.full(8, 0.5)
+
+    def outs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return np.zeros(4, np.int64), np.zeros(4, np.int64), np.zeros(4, np.int64)
+
     with pytest.raises(TypeError, match="mark: expected a one-dimensional int64 array"):
-        candidates(mark.astype(np.int32), size, 4, 1, 1, out, out.copy())
+        first_round(mark.astype(np.int32), size, 4, 1, 1, 2, u, 0, 8, 8, *outs())
     frozen = np.zeros(4, np.int64)
     frozen.setflags(write=False)
     with pytest.raises(TypeError, match="slots_out: expected a writable"):
-        candidates(mark, size, 4, 1, 1, frozen, out)
-    with pytest.raises(TypeError, match="mark: expected a"):
-        candidates(mark[::2], size, 2, 1, 1, out, out.copy())  # not contiguous
+        first_round(mark, size, 4, 1, 1, 2, u, 0, 8, 8, frozen, out, out.copy())
+    with pytest.raises(TypeError, match="size: expected a"):
+        first_round(mark, np.zeros(8, np.int64)[::2], 4, 1, 1, 2, u, 0, 8, 8, *outs())
     with pytest.raises(ValueError, match="end: 5 is outside the arrays"):
-        candidates(mark, size, 5, 1, 1, out, out.copy())
+        first_round(mark, size, 5, 1, 1, 2, u, 0, 8, 8, *outs())
+    with pytest.raises(ValueError, match="start: 9 is outside the uniforms"):
+        first_round(mark, size, 4, 1, 1, 2, u, 9, 8, 8, *outs())
     with pytest.raises(ValueError, match="page: must be >= 1"):
-        candidates(mark, size, 4, 1, 0, out, out.copy())
-    with pytest.raises(TypeError, match=r"takes 7 arguments \(2 given\)"):
-        candidates(mark, size)
+        first_round(mark, size, 4, 1, 0, 2, u, 0, 8, 8, *outs())
+    with pytest.raises(TypeError, match=r"takes 13 arguments \(2 given\)"):
+        first_round(mark, size)
     with pytest.raises(ValueError, match=r"uniforms\[1\] is not in \[0, 1\)"):
         pick_counts(np.array([0.5, 1.0]), 0, 2, 3, out)
     with pytest.raises(ValueError, match="start, n: 1, 2 are outside the uniforms"):
@@ -227,7 +250,7 @@ def test_first_round_is_the_draw_leaf_sampling_makes(
 ) -> None:
     """The compiled ``first_round`` says WHOLE exactly when ``leaf_sampling`` would draw a
     first round of buffered picks that empties no leaf, with the same counts from the same
-    uniforms; it gathers the same candidates as ``candidates`` and consumes nothing."""
+    uniforms; it gathers the same candidates as the numpy twin and consumes nothing."""
     first_round = implementation("compiled", "first_round")
     phase = 2
     mark = np.array([m for m, _ in leaves], np.int64)
@@ -236,20 +259,20 @@ def test_first_round_is_the_draw_leaf_sampling_makes(
     draws = leaf_sampling.Draws(seed, buffer=512)
     draws.consume(min(used, 512))
     uniforms, start = draws.ahead()
-    slots, pages, counts = (np.zeros(end, np.int64) for _ in range(3))
-    status, k, smallest = first_round(
+    outs = [np.zeros(end, np.int64) for _ in range(3)]
+    counts = outs[2]
+    status, k, smallest, slots, pages = first_round(
         mark, size, end, phase, page, need, uniforms, start,
-        leaf_sampling._MULTINOMIAL_PICKS_PER_LEAF, leaf_sampling._MAX_ROUNDS,
-        slots, pages, counts,
+        leaf_sampling._MULTINOMIAL_PICKS_PER_LEAF, leaf_sampling._MAX_ROUNDS, *outs,
     )  # fmt: skip
     assert draws.ahead() == (uniforms, start), "first_round consumes nothing itself"
-    want_slots, want_pages = np.zeros(end, np.int64), np.zeros(end, np.int64)
-    want_k, want_smallest, total = kernels.numpy_candidates(
-        mark, size, end, phase, page, want_slots, want_pages
+    _, want_k, want_smallest, want_slots, want_pages = kernels.numpy_first_round(
+        mark, size, end, phase, page, need, uniforms, start, 8, 8, *outs
     )
     assert (k, smallest) == (want_k, want_smallest)
-    assert slots[:k].tolist() == want_slots[:k].tolist()
-    assert pages[:k].tolist() == want_pages[:k].tolist()
+    assert slots[:k].tolist() == want_slots.tolist()
+    assert pages[:k].tolist() == want_pages.tolist()
+    total = int(want_pages.sum())
     if total < need:
         assert status == kernels.SHORT
         return

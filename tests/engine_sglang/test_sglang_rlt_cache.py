@@ -330,7 +330,7 @@ def test_random_sequences_keep_every_invariant(
     if path == "compiled":
         assert kernels.COMPILED, "the engine tier runs where the extension builds"
     else:
-        for name in ("candidates", "pick_counts", "trim", "gather"):
+        for name in ("first_round", "pick_counts", "trim", "gather"):
             monkeypatch.setattr(kernels, name, getattr(kernels, f"numpy_{name}"))
     monkeypatch.setattr(rlt_module, "FEW_LEAVES", 32 if path == "lists" else -1)
     cache, allocator = rlt_cache(48, page_size, seed=seed, is_eagle=eagle)
