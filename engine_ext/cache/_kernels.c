@@ -81,6 +81,25 @@ static int check_args(Py_ssize_t nargs, Py_ssize_t want, const char *fn) {
     return 0;
 }
 
+/* counts[:leaves] = how many of uniforms[start:start + n] pick each leaf, a pick being
+   floor(u * leaves), exactly as numpy's (u * leaves).astype(intp) computes it; -1 with a
+   ValueError set if a uniform is not in [0, 1). */
+static int count_picks(const double *uniforms, Py_ssize_t start, Py_ssize_t n,
+                       Py_ssize_t leaves, int64_t *counts) {
+    const double *u = uniforms + start;
+    const double scale = (double)leaves;
+    memset(counts, 0, (size_t)leaves * sizeof(int64_t));
+    for (Py_ssize_t j = 0; j < n; j++) {
+        double x = u[j] * scale;
+        if (!(x >= 0.0 && x < scale)) {
+            PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)", start + j);
+            return -1;
+        }
+        counts[(Py_ssize_t)x]++;
+    }
+    return 0;
+}
+
 /* first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf,
                max_rounds, slots_out, pages_out, counts_out)
    -> (status, k, smallest, slots_out, pages_out)
@@ -151,17 +170,7 @@ static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t n
             }
         }
         if (!continuous) {
-            const double *u = (const double *)a[2].view.buf + start;
-            const double scale = (double)k;
-            memset(counts, 0, (size_t)k * sizeof(int64_t));
-            for (Py_ssize_t j = 0; j < need; j++) {
-                double x = u[j] * scale;
-                if (!(x >= 0.0 && x < scale)) {
-                    PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)", start + j);
-                    goto fail;
-                }
-                counts[(Py_ssize_t)x]++;
-            }
+            if (count_picks(a[2].view.buf, start, need, k, counts) < 0) goto fail;
             status = 0;
             for (Py_ssize_t i = 0; i < k; i++) {
                 if (counts[i] >= pages[i]) {
@@ -180,8 +189,7 @@ fail:
 
 /* pick_counts(uniforms, start, n, leaves, counts_out) -> (counts_out, the largest count)
 
-   counts_out[:leaves] = how many of uniforms[start:start + n] pick each leaf, a pick being
-   floor(u * leaves), exactly as numpy's (u * leaves).astype(intp) computes it. */
+   count_picks() into counts_out[:leaves]. */
 static PyObject *pick_counts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (check_args(nargs, 5, "pick_counts") < 0) return NULL;
     Arr a[2];
@@ -201,18 +209,8 @@ static PyObject *pick_counts(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_Format(PyExc_ValueError, "start, n: %zd, %zd are outside the uniforms", start, n);
         goto fail;
     }
-    const double *u = (const double *)a[0].view.buf + start;
     int64_t *counts = a[1].view.buf;
-    memset(counts, 0, (size_t)leaves * sizeof(int64_t));
-    const double scale = (double)leaves;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        double x = u[j] * scale;
-        if (!(x >= 0.0 && x < scale)) {
-            PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)", start + j);
-            goto fail;
-        }
-        counts[(Py_ssize_t)x]++;
-    }
+    if (count_picks(a[0].view.buf, start, n, leaves, counts) < 0) goto fail;
     int64_t top = 0;
     for (Py_ssize_t i = 0; i < leaves; i++)
         if (counts[i] > top) top = counts[i];
