@@ -17,10 +17,11 @@ offers what it reads and calls. What is SGLang-specific lives in this module:
   a seeded run reproducible and equal to the reference (``tests/engine_sglang``);
 - the arena: every node's KV indices live in one tensor and a node's ``value`` is a view of
   it (``_place`` on insert, ``_split_node`` re-points both halves); the registry holds each
-  leaf's offset. The KV indices an eviction frees are then runs of the arena, taken with
-  one index (or a few slices) and given back in one ``free_segment`` call, without touching
-  the freed leaves' tensors. SGLang only ever copies a value out (``torch.cat`` of a path)
-  or drops it, so views are safe; the arena is repacked when it fills (``_pack_arena``);
+  leaf's offset. The KV indices an eviction frees are then runs of the arena, copied out
+  in one compiled loop (``kernels.gather``; on a GPU one torch index, or a few slices) and
+  given back in one ``free_segment`` call, without touching the freed leaves' tensors.
+  SGLang only ever copies a value out (``torch.cat`` of a path) or drops it, so views are
+  safe; the arena is repacked when it fills (``_pack_arena``);
 - trimming: ``evict(n)`` drops whole pages from leaf tails. Emptied leaves go through
   SGLang's own ``_delete_leaf`` and ``kv_events.record_remove``; a trimmed leaf's ``key``,
   ``value`` and hash lists are cut when SGLang next reads one of them (deferred trims).
@@ -85,8 +86,8 @@ _DEFAULT_LOG_EVERY = 1000
 _MIN_ARENA = 2048  # tokens: the arena holds at least twice this (``_pack_arena``)
 # Up to this many runs of the arena to free, a slice each; more, one index over all.
 _FEW_RUNS = 16
-# Gather freed KV indices with numpy on a CPU arena (``_free_queued``); tests turn it off to
-# run the torch path that a GPU arena takes.
+# Gather freed KV indices from a CPU arena's numpy view (``kernels.gather``, in
+# ``_free_queued``); tests turn it off to run the torch path that a GPU arena takes.
 _NUMPY_GATHER = True
 
 

@@ -230,7 +230,8 @@ def _choose(
 
     Takes an array or, for a handful of leaves, a list (the same rule without numpy calls,
     so that both make the same choice and hence the same draws); ``smallest`` is its
-    minimum if the caller has it."""
+    minimum if the caller has it. ``_kernels.c``'s ``first_round`` applies the same rule
+    (for a first round of buffered picks) and must change with it: a test compares them."""
     leaves = len(remaining)
     if smallest is None:
         smallest = min(remaining) if isinstance(remaining, list) else int(np.min(remaining))

@@ -10,9 +10,11 @@ unlocked leaf. The page-at-a-time loop is drawn in one batch with the same distr
 (``leaf_sampling``). Clearing all marks is O(1): a node is marked when its ``mark_phase``
 equals the current phase number.
 
-The candidates, the draw and the trims are vectorised over the cache's leaf registry
-(``leaf_registry``): an eviction costs a few numpy calls plus one Python step per leaf that
-empties. Both trees keep one: the reference cache, and the SGLang plugin's view of SGLang's
+The candidates, the draw and the trims run over the cache's leaf registry
+(``leaf_registry``) in compiled loops (``kernels``; numpy where the extension is not built):
+in the common case, where no leaf empties, an eviction is two of them (``first_round``,
+``trim``); otherwise a few numpy calls plus one Python step per leaf that empties. Both
+trees keep a registry: the reference cache, and the SGLang plugin's view of SGLang's
 tree (``engine_ext.sglang_rlt``), which offers the same few methods (``cut_tails``,
 ``cut_few_tails``, ``delete_emptied``, ``trim_leaf``).
 
