@@ -221,6 +221,95 @@ fail:
     return NULL;
 }
 
+/* bridge_params(start, end, size, lo, hi, t_lo, t_hi, t, n_out, p_out) -> (n_out, p_out)
+
+   leaf_sampling._bridge's binomial parameters, per leaf i (start, end, t's: float64; size,
+   lo, hi: int64; hi may be None): a leaf alive at t (start < t < end) draws from its
+   rings not yet placed, hi - lo - (end <= t_hi), or size - 1 - lo without hi, each at t
+   with probability (t - lower) / (upper - lower), lower = max(start, t_lo), upper =
+   min(end, t_hi); any other leaf draws nothing (n 0, p 0). The same float64 operations as
+   the numpy code, so numpy's binomial gets the same parameters and makes the same draw. */
+static PyObject *bridge_params(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_args(nargs, 10, "bridge_params") < 0) return NULL;
+    Arr a[7];
+    memset(a, 0, sizeof a);
+    double t_lo = PyFloat_AsDouble(args[5]), t_hi = PyFloat_AsDouble(args[6]),
+           t = PyFloat_AsDouble(args[7]);
+    if (PyErr_Occurred()) return PyErr_Format(PyExc_TypeError, "t_lo, t_hi, t: expected floats");
+    int with_hi = args[4] != Py_None;
+    if (get(args[0], &a[0], 0, 'f', "start") < 0 || get(args[1], &a[1], 0, 'f', "end") < 0 ||
+        get(args[2], &a[2], 0, 'i', "size") < 0 || get(args[3], &a[3], 0, 'i', "lo") < 0 ||
+        (with_hi && get(args[4], &a[4], 0, 'i', "hi") < 0) ||
+        get(args[8], &a[5], 1, 'i', "n_out") < 0 || get(args[9], &a[6], 1, 'f', "p_out") < 0)
+        goto fail;
+    Py_ssize_t n = length(&a[2]);
+    for (int i = 0; i < 7; i++) {
+        if ((i != 4 || with_hi) && length(&a[i]) != n) {
+            PyErr_SetString(PyExc_ValueError, "start, end, size, lo, hi, n_out, p_out: "
+                            "expected arrays of one length");
+            goto fail;
+        }
+    }
+    const double *start = a[0].view.buf, *end = a[1].view.buf;
+    const int64_t *size = a[2].view.buf, *lo = a[3].view.buf;
+    const int64_t *hi = with_hi ? a[4].view.buf : NULL;
+    int64_t *n_out = a[5].view.buf;
+    double *p_out = a[6].view.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (start[i] < t && end[i] > t) {
+            double lower = start[i] > t_lo ? start[i] : t_lo;
+            double upper = end[i] < t_hi ? end[i] : t_hi;
+            n_out[i] = with_hi ? hi[i] - lo[i] - (end[i] <= t_hi) : size[i] - 1 - lo[i];
+            p_out[i] = (t - lower) / (upper - lower);
+        } else {
+            n_out[i] = 0;
+            p_out[i] = 0.0;
+        }
+    }
+    release(a, 7);
+    return Py_BuildValue("(OO)", args[8], args[9]);
+fail:
+    release(a, 7);
+    return NULL;
+}
+
+/* bridge_finish(start, end, size, lo, drawn, t) -> (drawn, their sum)
+
+   leaf_sampling._bridge's ring counts at t, in place of the binomial draws: size for a
+   leaf that emptied by t (end <= t), 0 for one not yet joined (start >= t), else
+   lo + drawn. */
+static PyObject *bridge_finish(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_args(nargs, 6, "bridge_finish") < 0) return NULL;
+    Arr a[5];
+    memset(a, 0, sizeof a);
+    double t = PyFloat_AsDouble(args[5]);
+    if (PyErr_Occurred()) return PyErr_Format(PyExc_TypeError, "t: expected a float");
+    if (get(args[0], &a[0], 0, 'f', "start") < 0 || get(args[1], &a[1], 0, 'f', "end") < 0 ||
+        get(args[2], &a[2], 0, 'i', "size") < 0 || get(args[3], &a[3], 0, 'i', "lo") < 0 ||
+        get(args[4], &a[4], 1, 'i', "drawn") < 0)
+        goto fail;
+    Py_ssize_t n = length(&a[2]);
+    for (int i = 0; i < 5; i++) {
+        if (length(&a[i]) != n) {
+            PyErr_SetString(PyExc_ValueError, "start, end, size, lo, drawn: expected arrays "
+                            "of one length");
+            goto fail;
+        }
+    }
+    const double *start = a[0].view.buf, *end = a[1].view.buf;
+    const int64_t *size = a[2].view.buf, *lo = a[3].view.buf;
+    int64_t *drawn = a[4].view.buf, total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        drawn[i] = end[i] <= t ? size[i] : start[i] >= t ? 0 : lo[i] + drawn[i];
+        total += drawn[i];
+    }
+    release(a, 5);
+    return Py_BuildValue("(OL)", args[4], (long long)total);
+fail:
+    release(a, 5);
+    return NULL;
+}
+
 /* trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens cut
 
    For i < k: size[slots[i]] -= taken[i] * page, all checked before any is written (every
@@ -336,6 +425,10 @@ static PyMethodDef methods[] = {
      "pages_out)"},
     {"pick_counts", (PyCFunction)(void (*)(void))pick_counts, METH_FASTCALL,
      "pick_counts(uniforms, start, n, leaves, counts_out) -> (counts_out, the largest count)"},
+    {"bridge_params", (PyCFunction)(void (*)(void))bridge_params, METH_FASTCALL,
+     "bridge_params(start, end, size, lo, hi, t_lo, t_hi, t, n_out, p_out) -> (n_out, p_out)"},
+    {"bridge_finish", (PyCFunction)(void (*)(void))bridge_finish, METH_FASTCALL,
+     "bridge_finish(start, end, size, lo, drawn, t) -> (drawn, their sum)"},
     {"trim", (PyCFunction)(void (*)(void))trim, METH_FASTCALL,
      "trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens cut"},
     {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,

@@ -20,6 +20,22 @@ def first_round(
 def pick_counts(
     uniforms: Any, start: int, n: int, leaves: int, counts_out: Any, /
 ) -> tuple[Any, int]: ...
+def bridge_params(
+    start: Any,
+    end: Any,
+    size: Any,
+    lo: Any,
+    hi: Any | None,
+    t_lo: float,
+    t_hi: float,
+    t: float,
+    n_out: Any,
+    p_out: Any,
+    /,
+) -> tuple[Any, Any]: ...
+def bridge_finish(
+    start: Any, end: Any, size: Any, lo: Any, drawn: Any, t: float, /
+) -> tuple[Any, int]: ...
 def trim(
     size: Any,
     slots: Any,

@@ -25,6 +25,12 @@ the same results.
 - ``pick_counts(uniforms, start, n, leaves, counts_out) -> (counts, top)``: how many of the
   float64 ``uniforms[start:start + n]`` pick each leaf (``counts[:leaves]``), a pick being
   ``floor(u * leaves)``, and the largest count.
+- ``bridge_params(start, end, size, lo, hi, t_lo, t_hi, t, n_out, p_out) -> (n, p)`` and
+  ``bridge_finish(start, end, size, lo, drawn, t) -> (counts, total)``: the arithmetic
+  around the binomial draw of ``leaf_sampling._bridge`` (every leaf's ring count at ``t``
+  given its counts at ``t_lo`` and ``t_hi``; ``hi`` None: no upper bracket yet), before
+  it (the draw's parameters, the same float64 operations) and after it (``drawn`` turned
+  into counts, in place, and their sum); the draw itself stays numpy's.
 - ``trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens``: for
   ``i < k``, ``size[slots[i]] -= taken[i] * page`` (the compiled loop, which writes raw
   memory, checks every slot and that no cut is negative or more than the leaf holds before
@@ -41,7 +47,18 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["COMPILED", "DRAW", "SHORT", "WHOLE", "first_round", "gather", "pick_counts", "trim"]
+__all__ = [
+    "COMPILED",
+    "DRAW",
+    "SHORT",
+    "WHOLE",
+    "bridge_finish",
+    "bridge_params",
+    "first_round",
+    "gather",
+    "pick_counts",
+    "trim",
+]
 
 WHOLE, DRAW, SHORT = 0, 1, 2  # what ``first_round`` says
 
@@ -83,6 +100,38 @@ def numpy_pick_counts(
     return counts, (int(_max(counts)) if n else 0)
 
 
+def numpy_bridge_params(
+    start: np.ndarray,
+    end: np.ndarray,
+    size: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray | None,
+    t_lo: float,
+    t_hi: float,
+    t: float,
+    n_out: np.ndarray | None,
+    p_out: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    lower = np.maximum(start, t_lo)
+    upper = np.minimum(end, t_hi)
+    inside = (start < t) & (end > t)
+    between = size - 1 - lo if hi is None else hi - lo - (end <= t_hi)
+    span = np.where(inside, upper - lower, 1.0)
+    return np.where(inside, between, 0), np.where(inside, (t - lower) / span, 0.0)
+
+
+def numpy_bridge_finish(
+    start: np.ndarray,
+    end: np.ndarray,
+    size: np.ndarray,
+    lo: np.ndarray,
+    drawn: np.ndarray,
+    t: float,
+) -> tuple[np.ndarray, int]:
+    counts = np.where(end <= t, size, np.where(start >= t, 0, lo + drawn))
+    return counts, int(_sum(counts))
+
+
 def numpy_trim(
     size: np.ndarray,
     slots: np.ndarray,
@@ -120,13 +169,22 @@ def numpy_gather(
 
 
 try:
-    from engine_ext.cache._kernels import first_round, gather, pick_counts, trim
+    from engine_ext.cache._kernels import (
+        bridge_finish,
+        bridge_params,
+        first_round,
+        gather,
+        pick_counts,
+        trim,
+    )
 
     COMPILED = True
 except ImportError:  # no C compiler at install time: the same loops in numpy
-    first_round, pick_counts, trim, gather = (
+    first_round, pick_counts, bridge_params, bridge_finish, trim, gather = (
         numpy_first_round,
         numpy_pick_counts,
+        numpy_bridge_params,
+        numpy_bridge_finish,
         numpy_trim,
         numpy_gather,
     )

@@ -689,14 +689,13 @@ def _bridge(
     min(end, t_hi)); its final ring sits at ``end``. With no upper bracket yet
     (``hi_counts`` None) the rings between ``t_lo`` and ``end`` are all of them but the last.
     """
-    lower = np.maximum(start, t_lo)
-    upper = np.minimum(end, t_hi)
-    inside = (start < t) & (end > t)
-    if hi_counts is None:
-        between = size - 1 - lo_counts
-    else:
-        between = hi_counts - lo_counts - (end <= t_hi)
-    span = np.where(inside, upper - lower, 1.0)
-    p = np.where(inside, (t - lower) / span, 0.0)
-    drawn = lo_counts + gen.binomial(np.where(inside, between, 0), p)
-    return np.where(end <= t, size, np.where(start >= t, 0, drawn))
+    # The arithmetic around the draw is one compiled loop each (``kernels``); the draw is
+    # numpy's binomial, on the same parameters either way.
+    outs = (
+        (np.empty(len(size), np.int64), np.empty(len(size))) if kernels.COMPILED else (None, None)
+    )
+    n, p = kernels.bridge_params(start, end, size, lo_counts, hi_counts, t_lo, t_hi, t, *outs)
+    counts: np.ndarray = kernels.bridge_finish(start, end, size, lo_counts, gen.binomial(n, p), t)[
+        0
+    ]
+    return counts

@@ -288,3 +288,57 @@ def test_first_round_is_the_draw_leaf_sampling_makes(
         assert draws.ahead()[1] == start + need  # the uniforms the caller then consumes
     else:
         assert status == kernels.DRAW
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 5), st.floats(0.001, 5), st.integers(1, 50), st.integers(0, 10)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.floats(0, 3),
+    st.sampled_from([1.0, 4.0, 8.0, np.inf]),  # t_hi - t_lo
+    st.floats(0, 1),
+    st.booleans(),
+)
+def test_bridge_arithmetic_agrees(
+    leaves: list[tuple[float, float, int, int]],
+    t_lo: float,
+    t_hi: float,
+    where: float,
+    with_hi: bool,
+) -> None:
+    """``bridge_params`` gives numpy's binomial the same parameters (so the same draw) and
+    ``bridge_finish`` the same counts, whichever implementation computes them."""
+    start = np.array([s for s, _, _, _ in leaves])
+    end = start + np.array([d for _, d, _, _ in leaves])
+    size = np.array([c for _, _, c, _ in leaves], np.int64)
+    lo = np.minimum(np.array([r for _, _, _, r in leaves], np.int64), size - 1)
+    hi = size.copy() if with_hi else None
+    t_hi += t_lo
+    t = t_lo + where * (min(t_hi, 10.0) - t_lo)  # between the brackets
+    params = []
+    for fn in both("bridge_params"):
+        outs = (np.full(len(size), -9, np.int64), np.full(len(size), -9.0))
+        n, p = fn(start, end, size, lo, hi, t_lo, t_hi, t, *outs)
+        params.append((n.tolist(), p.tolist()))
+    assert params[0] == params[1]  # bit for bit: the binomial draws the same
+    n = np.array(params[0][0], np.int64)
+    assert (n >= 0).all()
+    assert all(0.0 <= x <= 1.0 for x in params[0][1])
+    drawn = np.random.default_rng(0).binomial(n, np.array(params[0][1]))
+    results = []
+    for fn in both("bridge_finish"):
+        counts, total = fn(start, end, size, lo, drawn.copy(), t)
+        results.append((counts.tolist(), total))
+    assert results[0] == results[1]
+    counts, total = results[0]
+    assert total == sum(counts)
+    for i in range(len(size)):
+        if end[i] <= t:
+            assert counts[i] == size[i]  # emptied by t
+        elif start[i] >= t:
+            assert counts[i] == 0  # not joined yet
+        else:
+            assert counts[i] == lo[i] + drawn[i]
