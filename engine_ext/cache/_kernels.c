@@ -310,6 +310,168 @@ fail:
     return NULL;
 }
 
+/* gap_rings(start, end, lo, hi, t_lo, t_hi, rings_out) -> (rings_out, their sum)
+
+   leaf_sampling._first_rings_in_gap, before its draw: per leaf, the rings between t_lo and
+   t_hi whose times are still to be drawn, hi - lo - last, where last says that the leaf's
+   final ring (at its end) is in the gap: t_lo < end <= t_hi. */
+static PyObject *gap_rings(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_args(nargs, 7, "gap_rings") < 0) return NULL;
+    Arr a[5];
+    memset(a, 0, sizeof a);
+    double t_lo = PyFloat_AsDouble(args[4]), t_hi = PyFloat_AsDouble(args[5]);
+    if (PyErr_Occurred()) return PyErr_Format(PyExc_TypeError, "t_lo, t_hi: expected floats");
+    if (get(args[0], &a[0], 0, 'f', "start") < 0 || get(args[1], &a[1], 0, 'f', "end") < 0 ||
+        get(args[2], &a[2], 0, 'i', "lo") < 0 || get(args[3], &a[3], 0, 'i', "hi") < 0 ||
+        get(args[6], &a[4], 1, 'i', "rings_out") < 0)
+        goto fail;
+    Py_ssize_t n = length(&a[2]);
+    for (int i = 0; i < 5; i++) {
+        if (length(&a[i]) != n) {
+            PyErr_SetString(PyExc_ValueError, "start, end, lo, hi, rings_out: expected arrays "
+                            "of one length");
+            goto fail;
+        }
+    }
+    const double *end = a[1].view.buf;
+    const int64_t *lo = a[2].view.buf, *hi = a[3].view.buf;
+    int64_t *rings = a[4].view.buf, total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        rings[i] = hi[i] - lo[i] - (end[i] > t_lo && end[i] <= t_hi);
+        if (rings[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "hi, lo: leaf %zd has fewer rings at t_hi than at "
+                         "t_lo", i);
+            goto fail;
+        }
+        total += rings[i];
+    }
+    release(a, 5);
+    return Py_BuildValue("(OL)", args[6], (long long)total);
+fail:
+    release(a, 5);
+    return NULL;
+}
+
+typedef struct {
+    double t;
+    int64_t label;
+} Ring;
+
+/* Reorder rings[0..n) so that rings[0..k) hold the k earliest (k in 1..n; ties at the
+   boundary go either way, as numpy's argpartition lets them). Quickselect: Hoare
+   partitions around a median of three, O(n) expected. */
+static void select_earliest(Ring *rings, Py_ssize_t n, Py_ssize_t k) {
+    Py_ssize_t lo = 0, hi = n - 1, target = k - 1;
+    while (hi > lo) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        Ring tmp;
+        if (rings[mid].t < rings[lo].t) { tmp = rings[mid]; rings[mid] = rings[lo]; rings[lo] = tmp; }
+        if (rings[hi].t < rings[lo].t) { tmp = rings[hi]; rings[hi] = rings[lo]; rings[lo] = tmp; }
+        if (rings[hi].t < rings[mid].t) { tmp = rings[hi]; rings[hi] = rings[mid]; rings[mid] = tmp; }
+        double pivot = rings[mid].t;
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (rings[i].t < pivot) i++;
+            while (rings[j].t > pivot) j--;
+            if (i <= j) {
+                tmp = rings[i];
+                rings[i] = rings[j];
+                rings[j] = tmp;
+                i++;
+                j--;
+            }
+        }
+        if (target <= j) {
+            hi = j;
+        } else if (target >= i) {
+            lo = i;
+        } else {
+            break; /* rings[j + 1 .. i - 1] equal the pivot, the target among them */
+        }
+    }
+}
+
+/* gap_first(start, end, lo, t_lo, t_hi, rings, uniforms, wanted, out) -> out
+
+   leaf_sampling._first_rings_in_gap, after its draw: leaf i's rings[i] rings at
+   max(start, t_lo) + span * u, span = min(end, t_hi) - max(start, t_lo), with u the next
+   of `uniforms` in leaf order (as numpy's repeat lays them out), and its final ring at end
+   if that is in the gap (t_lo < end <= t_hi); out = lo + how many of the `wanted` earliest
+   of all those rings each leaf has. */
+static PyObject *gap_first(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_args(nargs, 9, "gap_first") < 0) return NULL;
+    Arr a[6];
+    memset(a, 0, sizeof a);
+    Ring *all = NULL;
+    Py_ssize_t wanted;
+    double t_lo = PyFloat_AsDouble(args[3]), t_hi = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred()) return PyErr_Format(PyExc_TypeError, "t_lo, t_hi: expected floats");
+    if (get_ssize(args[7], &wanted, "wanted") < 0) return NULL;
+    if (get(args[0], &a[0], 0, 'f', "start") < 0 || get(args[1], &a[1], 0, 'f', "end") < 0 ||
+        get(args[2], &a[2], 0, 'i', "lo") < 0 || get(args[5], &a[3], 0, 'i', "rings") < 0 ||
+        get(args[6], &a[4], 0, 'f', "uniforms") < 0 || get(args[8], &a[5], 1, 'i', "out") < 0)
+        goto fail;
+    Py_ssize_t n = length(&a[2]);
+    if (length(&a[0]) != n || length(&a[1]) != n || length(&a[3]) != n || length(&a[5]) != n) {
+        PyErr_SetString(PyExc_ValueError, "start, end, lo, rings, out: expected arrays of one "
+                        "length");
+        goto fail;
+    }
+    const double *start = a[0].view.buf, *end = a[1].view.buf, *u = a[4].view.buf;
+    const int64_t *lo = a[2].view.buf, *rings = a[3].view.buf;
+    int64_t *out = a[5].view.buf;
+    Py_ssize_t drawn = 0, total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (rings[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "rings[%zd] is negative", i);
+            goto fail;
+        }
+        drawn += rings[i];
+        total += rings[i] + (end[i] > t_lo && end[i] <= t_hi);
+    }
+    if (drawn != length(&a[4])) {
+        PyErr_Format(PyExc_ValueError, "uniforms: expected %zd (one per ring), got %zd", drawn,
+                     length(&a[4]));
+        goto fail;
+    }
+    if (wanted < 1 || wanted > total) {
+        PyErr_Format(PyExc_ValueError, "wanted: %zd is not in 1..%zd", wanted, total);
+        goto fail;
+    }
+    all = PyMem_Malloc((size_t)total * sizeof(Ring));
+    if (all == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    Py_ssize_t at = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double lower = start[i] > t_lo ? start[i] : t_lo;
+        double span = (end[i] < t_hi ? end[i] : t_hi) - lower;
+        for (int64_t r = 0; r < rings[i]; r++, at++) {
+            all[at].t = lower + span * u[at];
+            all[at].label = i;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (end[i] > t_lo && end[i] <= t_hi) {
+            all[at].t = end[i];
+            all[at].label = i;
+            at++;
+        }
+    }
+    if (wanted < total) select_earliest(all, total, wanted);
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = lo[i];
+    for (Py_ssize_t j = 0; j < wanted; j++) out[all[j].label]++;
+    PyMem_Free(all);
+    release(a, 6);
+    Py_INCREF(args[8]);
+    return args[8];
+fail:
+    PyMem_Free(all);
+    release(a, 6);
+    return NULL;
+}
+
 /* trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens cut
 
    For i < k: size[slots[i]] -= taken[i] * page, all checked before any is written (every
@@ -429,6 +591,10 @@ static PyMethodDef methods[] = {
      "bridge_params(start, end, size, lo, hi, t_lo, t_hi, t, n_out, p_out) -> (n_out, p_out)"},
     {"bridge_finish", (PyCFunction)(void (*)(void))bridge_finish, METH_FASTCALL,
      "bridge_finish(start, end, size, lo, drawn, t) -> (drawn, their sum)"},
+    {"gap_rings", (PyCFunction)(void (*)(void))gap_rings, METH_FASTCALL,
+     "gap_rings(start, end, lo, hi, t_lo, t_hi, rings_out) -> (rings_out, their sum)"},
+    {"gap_first", (PyCFunction)(void (*)(void))gap_first, METH_FASTCALL,
+     "gap_first(start, end, lo, t_lo, t_hi, rings, uniforms, wanted, out) -> out"},
     {"trim", (PyCFunction)(void (*)(void))trim, METH_FASTCALL,
      "trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens cut"},
     {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,

@@ -36,6 +36,21 @@ def bridge_params(
 def bridge_finish(
     start: Any, end: Any, size: Any, lo: Any, drawn: Any, t: float, /
 ) -> tuple[Any, int]: ...
+def gap_rings(
+    start: Any, end: Any, lo: Any, hi: Any, t_lo: float, t_hi: float, rings_out: Any, /
+) -> tuple[Any, int]: ...
+def gap_first(
+    start: Any,
+    end: Any,
+    lo: Any,
+    t_lo: float,
+    t_hi: float,
+    rings: Any,
+    uniforms: Any,
+    wanted: int,
+    out: Any,
+    /,
+) -> Any: ...
 def trim(
     size: Any,
     slots: Any,

@@ -31,6 +31,13 @@ the same results.
   given its counts at ``t_lo`` and ``t_hi``; ``hi`` None: no upper bracket yet), before
   it (the draw's parameters, the same float64 operations) and after it (``drawn`` turned
   into counts, in place, and their sum); the draw itself stays numpy's.
+- ``gap_rings(start, end, lo, hi, t_lo, t_hi, rings_out) -> (rings, total)`` and
+  ``gap_first(start, end, lo, t_lo, t_hi, rings, uniforms, wanted, out) -> counts``: the
+  same for ``leaf_sampling._first_rings_in_gap`` (the first ``wanted`` rings of a gap in
+  which leaves empty): the rings whose times are drawn, then, given those uniforms, the
+  ring counts after the ``wanted`` earliest (a quickselect in C, numpy's argpartition in
+  the twin; times are continuous, so a tie at the boundary, where the two could choose
+  differently, has probability zero).
 - ``trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens``: for
   ``i < k``, ``size[slots[i]] -= taken[i] * page`` (the compiled loop, which writes raw
   memory, checks every slot and that no cut is negative or more than the leaf holds before
@@ -55,6 +62,8 @@ __all__ = [
     "bridge_finish",
     "bridge_params",
     "first_round",
+    "gap_first",
+    "gap_rings",
     "gather",
     "pick_counts",
     "trim",
@@ -132,6 +141,42 @@ def numpy_bridge_finish(
     return counts, int(_sum(counts))
 
 
+def numpy_gap_rings(
+    start: np.ndarray,
+    end: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    t_lo: float,
+    t_hi: float,
+    rings_out: np.ndarray | None,
+) -> tuple[np.ndarray, int]:
+    rings = hi - lo - ((end > t_lo) & (end <= t_hi))
+    return rings, int(_sum(rings))
+
+
+def numpy_gap_first(
+    start: np.ndarray,
+    end: np.ndarray,
+    lo: np.ndarray,
+    t_lo: float,
+    t_hi: float,
+    rings: np.ndarray,
+    uniforms: np.ndarray,
+    wanted: int,
+    out: np.ndarray | None,
+) -> np.ndarray:
+    lower = np.maximum(start, t_lo)
+    span = np.minimum(end, t_hi) - lower
+    labels = np.repeat(np.arange(len(lo)), rings)
+    times = lower[labels] + span[labels] * uniforms
+    finals = np.flatnonzero((end > t_lo) & (end <= t_hi))
+    labels = np.concatenate((labels, finals))
+    times = np.concatenate((times, end[finals]))
+    first = labels[np.argpartition(times, wanted - 1)[:wanted]]
+    counts: np.ndarray = lo + np.bincount(first, minlength=len(lo))
+    return counts
+
+
 def numpy_trim(
     size: np.ndarray,
     slots: np.ndarray,
@@ -173,6 +218,8 @@ try:
         bridge_finish,
         bridge_params,
         first_round,
+        gap_first,
+        gap_rings,
         gather,
         pick_counts,
         trim,
@@ -180,12 +227,12 @@ try:
 
     COMPILED = True
 except ImportError:  # no C compiler at install time: the same loops in numpy
-    first_round, pick_counts, bridge_params, bridge_finish, trim, gather = (
-        numpy_first_round,
-        numpy_pick_counts,
-        numpy_bridge_params,
-        numpy_bridge_finish,
-        numpy_trim,
-        numpy_gather,
-    )
+    first_round = numpy_first_round
+    pick_counts = numpy_pick_counts
+    bridge_params = numpy_bridge_params
+    bridge_finish = numpy_bridge_finish
+    gap_rings = numpy_gap_rings
+    gap_first = numpy_gap_first
+    trim = numpy_trim
+    gather = numpy_gather
     COMPILED = False

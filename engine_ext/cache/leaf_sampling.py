@@ -660,16 +660,20 @@ def _first_rings_in_gap(
     ``wanted`` replaces the bisection over the emptyings (a bridge sample each) once the gap
     holds few rings (``_SORT_GAP_RINGS``).
     """
-    last = (end > t_lo) & (end <= t_hi)  # these leaves' final ring is in the gap, at `end`
-    lower = np.maximum(start, t_lo)
-    span = np.minimum(end, t_hi) - lower
-    labels = np.repeat(np.arange(len(lo_counts)), hi_counts - lo_counts - last)
-    times = lower[labels] + span[labels] * gen.random(len(labels))
-    finals = np.flatnonzero(last)
-    labels = np.concatenate((labels, finals))
-    times = np.concatenate((times, end[finals]))
-    first = labels[np.argpartition(times, wanted - 1)[:wanted]]
-    return lo_counts + np.bincount(first, minlength=len(lo_counts))
+    # Compiled loops (``kernels``) around the one draw, numpy's: the rings whose times are
+    # drawn (a leaf's final ring, if in the gap, sits at its ``end``), then the times, the
+    # ``wanted`` earliest and the counts.
+    n = len(lo_counts)
+    compiled = kernels.COMPILED
+    rings, drawn = kernels.gap_rings(
+        start, end, lo_counts, hi_counts, t_lo, t_hi, np.empty(n, np.int64) if compiled else None
+    )
+    uniforms = gen.random(drawn)
+    out = np.empty(n, np.int64) if compiled else None
+    counts: np.ndarray = kernels.gap_first(
+        start, end, lo_counts, t_lo, t_hi, rings, uniforms, wanted, out
+    )
+    return counts
 
 
 def _bridge(

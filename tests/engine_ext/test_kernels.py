@@ -342,3 +342,46 @@ def test_bridge_arithmetic_agrees(
             assert counts[i] == 0  # not joined yet
         else:
             assert counts[i] == lo[i] + drawn[i]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(1, 60), min_size=1, max_size=40),
+    st.floats(0, 2),
+    st.floats(0.5, 4),
+    st.floats(0, 1),
+    st.integers(0, 2**32 - 1),
+)
+def test_the_first_rings_of_a_gap_agree(
+    sizes: list[int], t_lo: float, gap: float, share: float, seed: int
+) -> None:
+    """``gap_rings`` and ``gap_first`` (a quickselect) count the same first rings of a gap as
+    numpy's repeat and argpartition do, from the same uniforms. Times are continuous, as
+    the draw's are (no two rings at one time, where the two selections may differ)."""
+    gen = np.random.default_rng(seed)
+    t_hi = t_lo + gap
+    size = np.array(sizes, np.int64)
+    start = np.where(gen.random(len(size)) < 0.5, 0.0, gen.uniform(0, 4, len(size)))
+    end = start + gen.standard_gamma(size.astype(float)) / 10
+    # counts at t_lo and t_hi consistent with the leaves' lives: all rings by the end
+    lo = np.where(end <= t_lo, size, np.where(start >= t_lo, 0, (size - 1) // 2))
+    hi = np.where(end <= t_hi, size, np.where(start >= t_hi, 0, size - 1))
+    hi = np.maximum(hi, lo + ((end > t_lo) & (end <= t_hi)))
+    rings = []
+    for fn in both("gap_rings"):
+        got, total = fn(start, end, lo, hi, t_lo, t_hi, np.full(len(size), -1, np.int64))
+        rings.append((got.tolist(), total))
+    assert rings[0] == rings[1]
+    ring_list, drawn = rings[0]
+    finals = int(((end > t_lo) & (end <= t_hi)).sum())
+    if drawn + finals == 0:
+        return
+    uniforms = gen.random(drawn)
+    ring_counts = np.array(ring_list, np.int64)
+    for wanted in sorted({1, max(1, int(share * (drawn + finals))), drawn + finals}):
+        out = np.zeros(len(size), np.int64)
+        args = (start, end, lo, t_lo, t_hi, ring_counts, uniforms, wanted)
+        results = [fn(*args, out.copy()).tolist() for fn in both("gap_first")]
+        assert results[0] == results[1], wanted
+        assert sum(results[0]) == int(lo.sum()) + wanted
+        assert all(lo[i] <= c <= hi[i] for i, c in enumerate(results[0]))
