@@ -84,7 +84,7 @@ SEED_ENV_VAR = "KVROUTE_RLT_SEED"
 CONFIG_KEYS = ("seed", "log_every")
 _DEFAULT_LOG_EVERY = 1000
 _MIN_ARENA = 2048  # tokens: the arena holds at least twice this (``_pack_arena``)
-# Up to this many runs of the arena to free, a slice each; more, one index over all.
+# On a GPU arena (torch): up to this many runs to free, a slice each; more, one index.
 _FEW_RUNS = 16
 # Gather freed KV indices from a CPU arena's numpy view (``kernels.gather``, in
 # ``_free_queued``); tests turn it off to run the torch path that a GPU arena takes.

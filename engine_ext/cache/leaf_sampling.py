@@ -382,7 +382,8 @@ def _nobody_empties(counts: np.ndarray, pages: np.ndarray, need: int, smallest: 
 def _draw_picks(gen: np.random.Generator, leaves: int, need: int) -> Drawn:
     """``need`` picks uniform over ``leaves``: (counts per leaf, the picks in order, or None
     when many picks per leaf make one multinomial draw of the counts cheaper). A ``Draws``
-    serves the picks from its buffer; any other generator draws them."""
+    serves the picks from its buffer, counted in one compiled loop, with a function that
+    gives them in order if a leaf empties; any other generator draws them."""
     if need >= _MULTINOMIAL_PICKS_PER_LEAF * leaves:
         # Probabilities as a list: numpy converts it inside the call, which costs less cold
         # than a separate ``np.full`` (the same float64 values, so the same draw).
@@ -699,7 +700,7 @@ def _bridge(
         (np.empty(len(size), np.int64), np.empty(len(size))) if kernels.COMPILED else (None, None)
     )
     n, p = kernels.bridge_params(start, end, size, lo_counts, hi_counts, t_lo, t_hi, t, *outs)
-    counts: np.ndarray = kernels.bridge_finish(start, end, size, lo_counts, gen.binomial(n, p), t)[
-        0
-    ]
+    drawn = gen.binomial(n, p)
+    counts: np.ndarray
+    counts, _ = kernels.bridge_finish(start, end, size, lo_counts, drawn, t)
     return counts
