@@ -48,8 +48,8 @@ static int get(PyObject *obj, Arr *arr, int writable, char kind, const char *nam
     } else if (kind == 'i') {
         ok = arr->view.itemsize == 8 && (fmt[0] == 'q' || fmt[0] == 'l') && fmt[1] == 0;
     } else {
-        ok = (arr->view.itemsize == 8 || arr->view.itemsize == 4) && fmt[1] == 0 &&
-             strchr("qlQLiIu", fmt[0]) != NULL;
+        ok = (arr->view.itemsize == 8 || arr->view.itemsize == 4) && fmt[0] != 0 &&
+             strchr("qlQLiI", fmt[0]) != NULL && fmt[1] == 0;
     }
     if (!ok || arr->view.ndim != 1) {
         PyErr_Format(PyExc_TypeError, "%s: expected a one-dimensional %s array, got format "
