@@ -4,6 +4,7 @@ writing anything."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -385,3 +386,86 @@ def test_the_first_rings_of_a_gap_agree(
         assert results[0] == results[1], wanted
         assert sum(results[0]) == int(lo.sum()) + wanted
         assert all(lo[i] <= c <= hi[i] for i, c in enumerate(results[0]))
+
+
+SANITIZED_WORKLOAD = """
+import random, sys
+import numpy as np
+import engine_ext.cache._kernels as compiled
+from engine_ext.cache import RadixCache, kernels
+assert compiled.__file__.startswith(sys.argv[1]), compiled.__file__
+rng = random.Random(0)
+for seed in range(12):
+    page = rng.choice([1, 2, 4])
+    cache = RadixCache(40_000, "rlt", page_size=page, rng=random.Random(seed))
+    prefixes = [
+        tuple(rng.randrange(1, 999) for _ in range(rng.randint(1, 16) * 4)) for _ in range(6)
+    ]
+    for step in range(400):
+        tail = tuple(rng.randrange(1, 999) for _ in range(rng.randint(1, 60) * 4))
+        key = rng.choice(prefixes) + tail
+        cache.ensure_free(len(key))
+        cache.insert(key)
+        if step % 5 == 0:
+            cache.match_prefix(rng.choice(prefixes))
+        if step % 9 == 0:  # small and large evictions: cut rounds and the continuous draw
+            cache.evict(rng.choice([4, 64, 1_000, 8_000, 30_000]))
+    cache.check_invariants()
+source = np.arange(5_000, dtype=np.int64)
+for _ in range(200):
+    k = rng.randint(0, 20)
+    starts = np.array([rng.randrange(0, 4_000) for _ in range(k)], np.int64)
+    lengths = np.array([rng.randrange(0, 900) for _ in range(k)], np.int64)
+    out, twin = np.empty(20_000, np.int64), np.empty(20_000, np.int64)
+    n = compiled.gather(source, starts, lengths, k, out)
+    assert n == kernels.numpy_gather(source, starts, lengths, k, twin)
+    assert (out[:n] == twin[:n]).all()
+print("clean")
+"""
+
+
+@pytest.mark.slow
+def test_the_compiled_loops_are_memory_clean_under_sanitizers(tmp_path: Path) -> None:
+    """The extension built with AddressSanitizer and UndefinedBehaviorSanitizer runs a
+    workload of inserts, matches and evictions (every path of the draw) and gathers, and
+    neither reports anything (a report aborts the process)."""
+    compiler = shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no gcc here: the sanitizers' runtimes come with it")
+    runtimes = [
+        subprocess.run(
+            [compiler, f"-print-file-name={lib}"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for lib in ("libasan.so", "libubsan.so")
+    ]
+    if not all(Path(lib).is_absolute() and Path(lib).exists() for lib in runtimes):
+        pytest.skip("gcc's sanitizer runtimes are not installed")
+    package = tmp_path / "engine_ext"
+    shutil.copytree(
+        Path(kernels.__file__).parents[1],
+        package,
+        ignore=shutil.ignore_patterns("*.so", "__pycache__"),
+    )
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    built = subprocess.run(
+        [
+            compiler, "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+            "-fno-sanitize-recover=undefined", "-ffp-contract=off", "-shared", "-fPIC",
+            f"-I{sysconfig.get_paths()['include']}", str(package / "cache" / "_kernels.c"),
+            "-o", str(package / "cache" / f"_kernels{suffix}"),
+        ],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-2000:]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path),
+        "LD_PRELOAD": " ".join(runtimes),
+        "ASAN_OPTIONS": "detect_leaks=0",  # CPython itself keeps memory to the end
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", SANITIZED_WORKLOAD, str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "clean"
