@@ -64,6 +64,17 @@ static int get(PyObject *obj, Arr *arr, int writable, char kind, const char *nam
 
 static Py_ssize_t length(Arr *arr) { return arr->view.len / arr->view.itemsize; }
 
+/* -1 with a ValueError naming `names` unless each array held in a[0..count) has n items. */
+static int same_length(Arr *a, int count, Py_ssize_t n, const char *names) {
+    for (int i = 0; i < count; i++) {
+        if (a[i].held && length(&a[i]) != n) {
+            PyErr_Format(PyExc_ValueError, "%s: expected arrays of one length", names);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int get_ssize(PyObject *obj, Py_ssize_t *out, const char *name) {
     *out = PyLong_AsSsize_t(obj);
     if (*out == -1 && PyErr_Occurred()) {
@@ -243,13 +254,7 @@ static PyObject *bridge_params(PyObject *self, PyObject *const *args, Py_ssize_t
         get(args[8], &a[5], 1, 'i', "n_out") < 0 || get(args[9], &a[6], 1, 'f', "p_out") < 0)
         goto fail;
     Py_ssize_t n = length(&a[2]);
-    for (int i = 0; i < 7; i++) {
-        if ((i != 4 || with_hi) && length(&a[i]) != n) {
-            PyErr_SetString(PyExc_ValueError, "start, end, size, lo, hi, n_out, p_out: "
-                            "expected arrays of one length");
-            goto fail;
-        }
-    }
+    if (same_length(a, 7, n, "start, end, size, lo, hi, n_out, p_out") < 0) goto fail;
     const double *start = a[0].view.buf, *end = a[1].view.buf;
     const int64_t *size = a[2].view.buf, *lo = a[3].view.buf;
     const int64_t *hi = with_hi ? a[4].view.buf : NULL;
@@ -289,13 +294,7 @@ static PyObject *bridge_finish(PyObject *self, PyObject *const *args, Py_ssize_t
         get(args[4], &a[4], 1, 'i', "drawn") < 0)
         goto fail;
     Py_ssize_t n = length(&a[2]);
-    for (int i = 0; i < 5; i++) {
-        if (length(&a[i]) != n) {
-            PyErr_SetString(PyExc_ValueError, "start, end, size, lo, drawn: expected arrays "
-                            "of one length");
-            goto fail;
-        }
-    }
+    if (same_length(a, 5, n, "start, end, size, lo, drawn") < 0) goto fail;
     const double *start = a[0].view.buf, *end = a[1].view.buf;
     const int64_t *size = a[2].view.buf, *lo = a[3].view.buf;
     int64_t *drawn = a[4].view.buf, total = 0;
@@ -326,13 +325,7 @@ static PyObject *gap_rings(PyObject *self, PyObject *const *args, Py_ssize_t nar
         get(args[6], &a[4], 1, 'i', "rings_out") < 0)
         goto fail;
     Py_ssize_t n = length(&a[2]);
-    for (int i = 0; i < 5; i++) {
-        if (length(&a[i]) != n) {
-            PyErr_SetString(PyExc_ValueError, "start, end, lo, hi, rings_out: expected arrays "
-                            "of one length");
-            goto fail;
-        }
-    }
+    if (same_length(a, 5, n, "start, end, lo, hi, rings_out") < 0) goto fail;
     const double *end = a[1].view.buf;
     const int64_t *lo = a[2].view.buf, *hi = a[3].view.buf;
     int64_t *rings = a[4].view.buf, total = 0;
@@ -409,17 +402,13 @@ static PyObject *gap_first(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (get_ssize(args[7], &wanted, "wanted") < 0) return NULL;
     if (get(args[0], &a[0], 0, 'f', "start") < 0 || get(args[1], &a[1], 0, 'f', "end") < 0 ||
         get(args[2], &a[2], 0, 'i', "lo") < 0 || get(args[5], &a[3], 0, 'i', "rings") < 0 ||
-        get(args[6], &a[4], 0, 'f', "uniforms") < 0 || get(args[8], &a[5], 1, 'i', "out") < 0)
+        get(args[8], &a[4], 1, 'i', "out") < 0 || get(args[6], &a[5], 0, 'f', "uniforms") < 0)
         goto fail;
     Py_ssize_t n = length(&a[2]);
-    if (length(&a[0]) != n || length(&a[1]) != n || length(&a[3]) != n || length(&a[5]) != n) {
-        PyErr_SetString(PyExc_ValueError, "start, end, lo, rings, out: expected arrays of one "
-                        "length");
-        goto fail;
-    }
-    const double *start = a[0].view.buf, *end = a[1].view.buf, *u = a[4].view.buf;
+    if (same_length(a, 5, n, "start, end, lo, rings, out") < 0) goto fail;
+    const double *start = a[0].view.buf, *end = a[1].view.buf, *u = a[5].view.buf;
     const int64_t *lo = a[2].view.buf, *rings = a[3].view.buf;
-    int64_t *out = a[5].view.buf;
+    int64_t *out = a[4].view.buf;
     Py_ssize_t drawn = 0, total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (rings[i] < 0) {
@@ -429,9 +418,9 @@ static PyObject *gap_first(PyObject *self, PyObject *const *args, Py_ssize_t nar
         drawn += rings[i];
         total += rings[i] + (end[i] > t_lo && end[i] <= t_hi);
     }
-    if (drawn != length(&a[4])) {
+    if (drawn != length(&a[5])) {
         PyErr_Format(PyExc_ValueError, "uniforms: expected %zd (one per ring), got %zd", drawn,
-                     length(&a[4]));
+                     length(&a[5]));
         goto fail;
     }
     if (wanted < 1 || wanted > total) {
@@ -580,25 +569,27 @@ fail:
     return NULL;
 }
 
+#define FASTCALL(name, doc) {#name, (PyCFunction)(void (*)(void))name, METH_FASTCALL, doc}
+
 static PyMethodDef methods[] = {
-    {"first_round", (PyCFunction)(void (*)(void))first_round, METH_FASTCALL,
+    FASTCALL(first_round,
      "first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf, "
      "max_rounds, slots_out, pages_out, counts_out) -> (status, k, smallest, slots_out, "
-     "pages_out)"},
-    {"pick_counts", (PyCFunction)(void (*)(void))pick_counts, METH_FASTCALL,
-     "pick_counts(uniforms, start, n, leaves, counts_out) -> (counts_out, the largest count)"},
-    {"bridge_params", (PyCFunction)(void (*)(void))bridge_params, METH_FASTCALL,
-     "bridge_params(start, end, size, lo, hi, t_lo, t_hi, t, n_out, p_out) -> (n_out, p_out)"},
-    {"bridge_finish", (PyCFunction)(void (*)(void))bridge_finish, METH_FASTCALL,
-     "bridge_finish(start, end, size, lo, drawn, t) -> (drawn, their sum)"},
-    {"gap_rings", (PyCFunction)(void (*)(void))gap_rings, METH_FASTCALL,
-     "gap_rings(start, end, lo, hi, t_lo, t_hi, rings_out) -> (rings_out, their sum)"},
-    {"gap_first", (PyCFunction)(void (*)(void))gap_first, METH_FASTCALL,
-     "gap_first(start, end, lo, t_lo, t_hi, rings, uniforms, wanted, out) -> out"},
-    {"trim", (PyCFunction)(void (*)(void))trim, METH_FASTCALL,
-     "trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens cut"},
-    {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,
-     "gather(source, starts, lengths, k, out) -> items copied"},
+     "pages_out)"),
+    FASTCALL(pick_counts,
+     "pick_counts(uniforms, start, n, leaves, counts_out) -> (counts_out, the largest count)"),
+    FASTCALL(bridge_params,
+     "bridge_params(start, end, size, lo, hi, t_lo, t_hi, t, n_out, p_out) -> (n_out, p_out)"),
+    FASTCALL(bridge_finish,
+     "bridge_finish(start, end, size, lo, drawn, t) -> (drawn, their sum)"),
+    FASTCALL(gap_rings,
+     "gap_rings(start, end, lo, hi, t_lo, t_hi, rings_out) -> (rings_out, their sum)"),
+    FASTCALL(gap_first,
+     "gap_first(start, end, lo, t_lo, t_hi, rings, uniforms, wanted, out) -> out"),
+    FASTCALL(trim,
+     "trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens cut"),
+    FASTCALL(gather,
+     "gather(source, starts, lengths, k, out) -> items copied"),
     {NULL, NULL, 0, NULL},
 };
 
