@@ -317,10 +317,15 @@ class RLTRadixCache(RadixCache):
         super().__init__(params)
         if not self.disable:
             logger.info(
-                "kvroute RLT radix cache active: capacity %d tokens, page size %d, seed %d",
+                "kvroute RLT radix cache active: capacity %d tokens, page size %d, seed %d, "
+                "eviction loops %s",
                 capacity_tokens,
                 self.page_size,
                 seed,
+                "compiled"
+                if kernels.COMPILED
+                else "in numpy (kvroute was built without a C "
+                "compiler: evictions cost more CPU; reinstall where one is)",
             )
 
     @property

@@ -23,6 +23,7 @@ from sglang.srt.server_args import ServerArgs, prepare_server_args
 from sglang_harness import TrackingAllocator, cache_params
 
 from engine_ext import sglang_plugin
+from engine_ext.cache import kernels
 from engine_ext.sglang_rlt import (
     SEED_ENV_VAR,
     RLTRadixCache,
@@ -133,6 +134,8 @@ def test_factory_builds_from_a_context(caplog: pytest.LogCaptureFixture) -> None
     active = [r for r in caplog.records if "RLT radix cache active" in r.getMessage()]
     assert len(active) == 1
     assert "capacity 80 tokens" in active[0].getMessage()
+    loops = "compiled" if kernels.COMPILED else "in numpy"
+    assert f"eviction loops {loops}" in active[0].getMessage()  # operators see the fast path
 
 
 @pytest.mark.parametrize(
