@@ -29,6 +29,8 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVE
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
   "${specs[@]}"
 rm -f .whl/kvroute-*.whl
-"${PYTHON:-.venv/bin/python}" -m pip wheel -q --no-deps --no-build-isolation . -w .whl
+# A pure wheel (no C loops: they would tie it to this machine's Python); the check builds
+# them on the GPU machine if it can.
+KVROUTE_PURE=1 "${PYTHON:-.venv/bin/python}" -m pip wheel -q --no-deps --no-build-isolation . -w .whl
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 du -sh .whl

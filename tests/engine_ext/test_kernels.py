@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -469,3 +470,39 @@ def test_the_compiled_loops_are_memory_clean_under_sanitizers(tmp_path: Path) ->
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "clean"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pure", [False, True], ids=["with-loops", "pure"])
+def test_the_wheel_carries_the_loops_unless_asked_not_to(tmp_path: Path, pure: bool) -> None:
+    """``pip wheel`` builds the C loops into a wheel for this Python; ``KVROUTE_PURE=1`` makes
+    a pure wheel for any CPython (what ``scripts/gpu_wheels.sh`` carries elsewhere)."""
+    pytest.importorskip("wheel", reason="the dev extra's `wheel` builds without isolation")
+    if not pure and not kernels.COMPILED:
+        pytest.skip("the C extension does not build here (no C compiler)")
+    repo, source = Path(kernels.__file__).parents[2], tmp_path / "source"
+    for name in ("pyproject.toml", "setup.py", "README.md"):  # a copy: no build/ in the checkout
+        source.mkdir(exist_ok=True)
+        shutil.copy2(repo / name, source / name)
+    for package in ("kvroute", "router_service", "models", "engine_ext", "sim"):
+        skip = shutil.ignore_patterns("__pycache__", "*.so")
+        shutil.copytree(repo / package, source / package, ignore=skip)
+    env = {**os.environ, "KVROUTE_PURE": "1" if pure else "0"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(tmp_path), str(source)],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = tmp_path.glob("kvroute-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    compiled = [n for n in names if n.startswith("engine_ext/cache/_kernels") and n.endswith(".so")]
+    assert "engine_ext/cache/kernels.py" in names
+    assert "engine_ext/cache/_kernels.pyi" in names
+    if pure:
+        assert wheel.name.endswith("-py3-none-any.whl")
+        assert compiled == []
+    else:
+        assert "-cp3" in wheel.name
+        assert len(compiled) == 1
