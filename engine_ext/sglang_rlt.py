@@ -174,16 +174,6 @@ class _Leaves(LeafRegistry):
         node.__class__ = TreeNode
 
 
-def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The positions ``starts[i] .. starts[i] + lengths[i] - 1`` of every run (at least one),
-    in order; ufunc methods are called directly (numpy's Python-level wrappers cost
-    microseconds cold)."""
-    ends = np.add.accumulate(lengths)
-    positions = np.repeat(starts - (ends - lengths), lengths)
-    positions += np.arange(int(ends[-1]), dtype=np.int64)
-    return positions
-
-
 def _as_list(values: Any) -> list[int]:
     return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
@@ -477,7 +467,7 @@ class RLTRadixCache(RadixCache):
         if live:
             old = self._arena
             assert old is not None
-            positions = torch.from_numpy(_runs(starts, lengths)).to(old.device)
+            positions = torch.from_numpy(kernels.run_positions(starts, lengths)).to(old.device)
             arena[:live] = old.index_select(0, positions)
         off = self._leaves.off
         top = 0
@@ -548,7 +538,7 @@ class RLTRadixCache(RadixCache):
         else:
             starts = np.concatenate([np.asarray(run[0], dtype=np.int64) for run in runs])
             lengths = np.concatenate([np.asarray(run[1], dtype=np.int64) for run in runs])
-            positions = torch.from_numpy(_runs(starts, lengths)).to(arena.device)
+            positions = torch.from_numpy(kernels.run_positions(starts, lengths)).to(arena.device)
             indices = arena.index_select(0, positions)
         # Tree values are page-aligned copies of KV rows and every run is whole pages, so
         # the freed indices form a page-exact segment, as SGLang's LRU frees a leaf.

@@ -57,6 +57,7 @@ import numpy as np
 __all__ = [
     "COMPILED",
     "DRAW",
+    "NUMPY_LOOPS",
     "SHORT",
     "WHOLE",
     "bridge_finish",
@@ -66,6 +67,8 @@ __all__ = [
     "gap_rings",
     "gather",
     "pick_counts",
+    "picks_of",
+    "run_positions",
     "trim",
 ]
 
@@ -73,6 +76,22 @@ WHOLE, DRAW, SHORT = 0, 1, 2  # what ``first_round`` says
 
 # ufunc reductions called directly (numpy's ``ndarray.min`` and friends go through Python)
 _min, _max, _sum = np.minimum.reduce, np.maximum.reduce, np.add.reduce
+
+
+def picks_of(uniforms: np.ndarray, start: int, n: int, leaves: int) -> np.ndarray:
+    """The picks of ``uniforms[start:start + n]`` over ``leaves``, in order: ``floor(u *
+    leaves)`` each (what ``pick_counts`` and ``first_round`` count)."""
+    return (uniforms[start : start + n] * leaves).astype(np.intp)
+
+
+def run_positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The positions ``starts[i] .. starts[i] + lengths[i] - 1`` of every run (at least one),
+    in order: ``gather``'s positions, for numpy and torch indexing; ufunc methods called
+    directly (numpy's Python-level wrappers cost microseconds cold)."""
+    ends = np.add.accumulate(lengths)
+    positions = np.repeat(starts - (ends - lengths), lengths)
+    positions += np.arange(int(ends[-1]), dtype=np.int64)
+    return positions
 
 
 def numpy_first_round(
@@ -105,7 +124,7 @@ def numpy_pick_counts(
 ) -> tuple[np.ndarray, int]:
     if leaves < 1 or start < 0 or n < 0 or start + n > len(uniforms):
         raise ValueError(f"start, n, leaves: {start}, {n}, {leaves} are outside the uniforms")
-    counts = np.bincount((uniforms[start : start + n] * leaves).astype(np.intp), minlength=leaves)
+    counts = np.bincount(picks_of(uniforms, start, n, leaves), minlength=leaves)
     return counts, (int(_max(counts)) if n else 0)
 
 
@@ -206,12 +225,22 @@ def numpy_gather(
     starts, lengths = starts[:k], lengths[:k]
     n = int(_sum(lengths)) if k else 0
     if n:
-        ends = np.add.accumulate(lengths)
-        positions = np.repeat(starts - (ends - lengths), lengths)
-        positions += np.arange(n, dtype=np.int64)
-        out[:n] = source[positions]
+        out[:n] = source[run_positions(starts, lengths)]
     return n
 
+
+# Every loop's numpy twin, by the loop's name: the fallback below, and what tests put in
+# place of the compiled loops to run the numpy path.
+NUMPY_LOOPS = {
+    "first_round": numpy_first_round,
+    "pick_counts": numpy_pick_counts,
+    "bridge_params": numpy_bridge_params,
+    "bridge_finish": numpy_bridge_finish,
+    "gap_rings": numpy_gap_rings,
+    "gap_first": numpy_gap_first,
+    "trim": numpy_trim,
+    "gather": numpy_gather,
+}
 
 try:
     from engine_ext.cache._kernels import (

@@ -110,7 +110,7 @@ class Draws(np.random.Generator):
         if n > self._buffer:
             return self.integers(0, leaves, size=n)
         uniforms, start = self._take(n)
-        return (uniforms[start : start + n] * leaves).astype(np.intp)
+        return kernels.picks_of(uniforms, start, n, leaves)
 
     def pick_counts(self, leaves: int, n: int) -> tuple[np.ndarray, int, Callable[[], np.ndarray]]:
         """``picks(leaves, n)`` as counts per leaf (one compiled loop, ``kernels``), with the
@@ -119,7 +119,7 @@ class Draws(np.random.Generator):
         uniforms, start = self._take(n)
         out = np.empty(leaves, dtype=np.int64) if kernels.COMPILED else None
         counts, top = kernels.pick_counts(uniforms, start, n, leaves, out)
-        return counts, top, partial(_picks_of, uniforms, start, n, leaves)
+        return counts, top, partial(kernels.picks_of, uniforms, start, n, leaves)
 
     def ahead(self) -> tuple[np.ndarray, int]:
         """The buffer and where its unused uniforms start (``kernels.first_round`` reads
@@ -143,10 +143,6 @@ class Draws(np.random.Generator):
         # numpy's own reduce would rebuild a plain Generator, without the buffer.
         state = (self.bit_generator.state, self._buffer, self._uniforms.copy(), self._used)
         return _rebuild_draws, state
-
-
-def _picks_of(uniforms: np.ndarray, start: int, n: int, leaves: int) -> np.ndarray:
-    return (uniforms[start : start + n] * leaves).astype(np.intp)
 
 
 def _rebuild_draws(state: dict[str, Any], buffer: int, uniforms: np.ndarray, used: int) -> Draws:

@@ -4,20 +4,18 @@ loops (``engine_ext.cache.kernels``) on the arrays at any size."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 
 from engine_ext.cache import kernels, rlt
 
-KERNELS = ("first_round", "pick_counts", "trim", "gather")
 PATHS = ("lists", "arrays", "compiled")
 
 
 def use_numpy_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run RLT's per-eviction loops in numpy, as an install without a C compiler does."""
-    for name in KERNELS:
-        monkeypatch.setattr(kernels, name, getattr(kernels, f"numpy_{name}"))
+    """Run every one of RLT's per-eviction loops in numpy, as an install without a C
+    compiler does."""
+    for name, twin in kernels.NUMPY_LOOPS.items():
+        monkeypatch.setattr(kernels, name, twin)
 
 
 def use_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -25,10 +23,7 @@ def use_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if path == "compiled":
         if not kernels.COMPILED:
             pytest.skip("the C extension is not built here (test_kernels says why)")
-        compiled = importlib.import_module("engine_ext.cache._kernels")
-        for name in KERNELS:
-            monkeypatch.setattr(kernels, name, getattr(compiled, name))
-        monkeypatch.setattr(rlt, "FEW_LEAVES", -1)
+        monkeypatch.setattr(rlt, "FEW_LEAVES", -1)  # the loops are the compiled ones already
         return
     use_numpy_kernels(monkeypatch)
     monkeypatch.setattr(rlt, "FEW_LEAVES", 32 if path == "lists" else -1)

@@ -45,6 +45,20 @@ def test_the_extension_is_built_where_a_compiler_is() -> None:
     assert kernels.first_round is not kernels.numpy_first_round
 
 
+def test_every_compiled_loop_has_its_numpy_twin() -> None:
+    """``NUMPY_LOOPS`` (the fallback, and the tests' numpy path) names every loop the
+    extension exports, so no numpy path runs a compiled loop unnoticed."""
+    for name, twin in kernels.NUMPY_LOOPS.items():
+        assert twin is getattr(kernels, f"numpy_{name}")
+        assert name in kernels.__all__
+        assert callable(getattr(kernels, name))
+    if kernels.COMPILED:
+        from engine_ext.cache import _kernels
+
+        exported = {name for name in dir(_kernels) if not name.startswith("_")}
+        assert exported == set(kernels.NUMPY_LOOPS)
+
+
 def both(kernel: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
     return implementation("numpy", kernel), implementation("compiled", kernel)
 

@@ -331,8 +331,8 @@ def test_random_sequences_keep_every_invariant(
         if not kernels.COMPILED:  # the main suite asserts it is built wherever it can be
             pytest.skip("the C extension is not built here (no C compiler)")
     else:
-        for name in ("first_round", "pick_counts", "trim", "gather"):
-            monkeypatch.setattr(kernels, name, getattr(kernels, f"numpy_{name}"))
+        for name, twin in kernels.NUMPY_LOOPS.items():
+            monkeypatch.setattr(kernels, name, twin)
     monkeypatch.setattr(rlt_module, "FEW_LEAVES", 32 if path == "lists" else -1)
     cache, allocator = rlt_cache(48, page_size, seed=seed, is_eagle=eagle)
     worker = Worker(cache, allocator)
