@@ -256,12 +256,5 @@ try:
 
     COMPILED = True
 except ImportError:  # no C compiler at install time: the same loops in numpy
-    first_round = numpy_first_round
-    pick_counts = numpy_pick_counts
-    bridge_params = numpy_bridge_params
-    bridge_finish = numpy_bridge_finish
-    gap_rings = numpy_gap_rings
-    gap_first = numpy_gap_first
-    trim = numpy_trim
-    gather = numpy_gather
+    globals().update(NUMPY_LOOPS)
     COMPILED = False

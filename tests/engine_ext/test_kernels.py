@@ -26,7 +26,7 @@ IMPLEMENTATIONS = ["numpy", "compiled"]
 
 def implementation(name: str, kernel: str) -> Callable[..., Any]:
     if name == "numpy":
-        return getattr(kernels, f"numpy_{kernel}")  # type: ignore[no-any-return]
+        return kernels.NUMPY_LOOPS[kernel]
     if not kernels.COMPILED:
         pytest.skip("the C extension is not built here (no C compiler at install time)")
     from engine_ext.cache import _kernels
