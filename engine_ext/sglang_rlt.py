@@ -212,15 +212,14 @@ class _SGLangTree:
     def total_tokens(self) -> int:
         return int(self.cache.evictable_size_ + self.cache.protected_size_)
 
-    def cut_tails(self, slots: np.ndarray, pages: np.ndarray) -> int:
+    def cut_tails(self, slots: np.ndarray, pages: np.ndarray, k: int) -> int:
         """Cut ``pages[i]`` pages (fewer than the leaf holds; 0 allowed) off the leaf in
-        ``slots[i]``: the registry's sizes only (``kernels.trim``, which also gives the runs
-        of arena positions cut); each leaf's attributes are cut when SGLang next reads
-        them."""
+        ``slots[i]``, ``i < k``: the registry's sizes only (``kernels.trim``, which also
+        gives the runs of arena positions cut); each leaf's attributes are cut when SGLang
+        next reads them."""
         leaves, cache, page = self.leaves, self.cache, self.page_size
         if cache.kv_events.enabled:
-            cache._record_tails_removed(slots.tolist(), (pages * page).tolist())
-        k = len(slots)
+            cache._record_tails_removed(slots[:k].tolist(), (pages[:k] * page).tolist())
         starts, lengths = np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64)
         cut = kernels.trim(leaves.size, slots, pages, k, page, leaves.off, starts, lengths)
         leaves.epoch += 1

@@ -111,37 +111,157 @@ static int count_picks(const double *uniforms, Py_ssize_t start, Py_ssize_t n,
     return 0;
 }
 
+/* Equal-odds multinomial counts, drawn as one binomial per leaf from the uniforms.
+
+   n picks spread uniformly over k leaves are, leaf by leaf, binomial: leaf j gets
+   Bin(n_j, 1/(k - j)) of the n_j picks the earlier leaves left, the last leaf the rest.
+   Each binomial is one uniform u, inverted by a search outward from the mode: the
+   outcomes are visited in the order m, m + 1, m - 1, m + 2, ... and the first at which
+   their probabilities add up past u is drawn, so any fixed order of the outcomes would
+   do, and this one takes about 1.6 standard deviations of steps. The probability at the
+   mode is Loader's saddle-point form (C. Loader, "Fast and Accurate Computation of
+   Binomial Probabilities", 2000): exp(-stirlerr and deviance terms) / sqrt(2 pi x (n -
+   x) / n), accurate to a few ulps where log-gamma differences lose digits as n grows;
+   its neighbours follow by the exact ratio f(x + 1) / f(x) = (n - x) / ((x + 1)(r - 1))
+   for p = 1 / r. If rounding leaves the visited mass short of u (probability ~1e-13)
+   the mode is drawn. engine_ext/cache/kernels.py's numpy_even_counts is the same
+   arithmetic in Python, step for step, so both give the same counts. */
+
+#define LN_2PI 1.8378770664093456
+
+/* log(n!) - log(sqrt(2 pi n) (n / e)^n), n >= 1: exact values up to 15, else Stirling's
+   series (its error is below the next term, under 1e-16 from 16 on). */
+static const double STIRLERR_SMALL[16] = {
+    0.0, 0.08106146679532726, 0.0413406959554093, 0.02767792568499834,
+    0.020790672103765093, 0.016644691189821193, 0.013876128823070748,
+    0.01189670994589177, 0.010411265261972096, 0.009255462182712733,
+    0.00833056343336287, 0.007573675487951841, 0.00694284010720953,
+    0.006408994188004207, 0.0059513701127588475, 0.005554733551962801,
+};
+#define S0 0.083333333333333333 /* 1/12 */
+#define S1 0.0027777777777777778 /* 1/360 */
+#define S2 0.00079365079365079365 /* 1/1260 */
+#define S3 0.00059523809523809524 /* 1/1680 */
+#define S4 0.00084175084175084175 /* 1/1188 */
+
+static double stirlerr(int64_t n) {
+    if (n < 16) return STIRLERR_SMALL[n];
+    double x = (double)n, nn = x * x;
+    if (n > 500) return (S0 - S1 / nn) / x;
+    if (n > 80) return (S0 - (S1 - S2 / nn) / nn) / x;
+    if (n > 35) return (S0 - (S1 - (S2 - S3 / nn) / nn) / nn) / x;
+    return (S0 - (S1 - (S2 - (S3 - S4 / nn) / nn) / nn) / nn) / x;
+}
+
+/* The deviance term x log(x / mu) + mu - x, by its series where x is near mu. */
+static double bd0(double x, double mu) {
+    double d = x - mu;
+    if (fabs(d) < 0.1 * (x + mu)) {
+        double v = d / (x + mu);
+        double s = d * v;
+        double ej = 2.0 * x * v;
+        double vv = v * v;
+        for (int j = 1; j < 1000; j++) {
+            ej = ej * vv;
+            double s1 = s + ej / (double)(2 * j + 1);
+            if (s1 == s) return s1;
+            s = s1;
+        }
+        return s;
+    }
+    return x * log(x / mu) + mu - x;
+}
+
+/* P(Bin(n, 1/r) = x), 0 <= x <= n, r >= 2. */
+static double even_pmf(int64_t x, int64_t n, int64_t r) {
+    double p = 1.0 / (double)r, q = 1.0 - p;
+    if (x == 0) return exp((double)n * log1p(-p));
+    if (x == n) return exp((double)n * log(p));
+    double lc = stirlerr(n) - stirlerr(x) - stirlerr(n - x) - bd0((double)x, (double)n * p) -
+                bd0((double)(n - x), (double)n * q);
+    double lf = LN_2PI + log((double)x) + log1p(-(double)x / (double)n);
+    return exp(lc - 0.5 * lf);
+}
+
+/* A draw of Bin(n, 1/r), r >= 2, from one uniform u in [0, 1). */
+static int64_t even_binomial(int64_t n, int64_t r, double u) {
+    if (n == 0) return 0;
+    int64_t m = (n + 1) / r; /* the mode, floor((n + 1) p) */
+    if (m > n) m = n;
+    double f = even_pmf(m, n, r), cum = f, f_hi = f, f_lo = f;
+    if (u < cum) return m;
+    int64_t hi = m, lo = m;
+    for (;;) {
+        int up = hi < n && f_hi > 0.0, down = lo > 0 && f_lo > 0.0;
+        if (!up && !down) return m; /* rounding left the mass short of u */
+        if (up) {
+            f_hi = f_hi * ((double)(n - hi) / (double)((hi + 1) * (r - 1)));
+            hi++;
+            cum = cum + f_hi;
+            if (u < cum) return hi;
+        }
+        if (down) {
+            f_lo = f_lo * ((double)(lo * (r - 1)) / (double)(n - lo + 1));
+            lo--;
+            cum = cum + f_lo;
+            if (u < cum) return lo;
+        }
+    }
+}
+
+/* counts[:k] = n picks over k equal leaves, from uniforms[start:start + k - 1]; -1 with a
+   ValueError set if a uniform is not in [0, 1). */
+static int even_draw(const double *uniforms, Py_ssize_t start, int64_t n, Py_ssize_t k,
+                     int64_t *counts) {
+    const double *u = uniforms + start;
+    int64_t left = n;
+    for (Py_ssize_t j = 0; j + 1 < k; j++) {
+        if (!(u[j] >= 0.0 && u[j] < 1.0)) {
+            PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)", start + j);
+            return -1;
+        }
+        int64_t x = even_binomial(left, (int64_t)(k - j), u[j]);
+        counts[j] = x;
+        left -= x;
+    }
+    counts[k - 1] = left;
+    return 0;
+}
+
 /* first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf,
-               max_rounds, slots_out, pages_out, counts_out)
-   -> (status, k, smallest, slots_out, pages_out)
+               picks_up_to, max_rounds, slots_out, pages_out, counts_out)
+   -> (status, k, smallest, used, slots_out, pages_out)
 
    An eviction's common case in one call. The candidates: the slots i < end with
    mark[i] < phase, in order, into slots_out[:k], their sizes in pages (size[i] // page)
-   into pages_out[:k], and the smallest of those (0 if k == 0). Then,
-   if leaf_sampling would draw the first round as buffered picks (fewer than
-   picks_per_leaf per leaf, not the continuous-time draw, the buffer holds `need` more
-   uniforms from `start`), those picks' counts into counts_out[:k]. Status 0: no leaf
-   emptied, so the counts are the whole draw (the caller consumes the `need` uniforms);
-   1: the caller draws, from the candidates gathered here (no uniform was consumed); 2: the
-   candidates hold fewer than `need` pages (a new phase is due). The rules are
-   leaf_sampling's _choose and _draw_picks, for the picks case only. */
+   into pages_out[:k], and the smallest of those (0 if k == 0). Then, unless
+   leaf_sampling would go straight to the continuous-time draw, the first round's counts
+   into counts_out[:k], drawn from the uniforms from `start` as leaf_sampling's
+   _draw_picks draws them with a Draws: `need` buffered picks (fewer than picks_per_leaf
+   per leaf, or at most picks_up_to) or else even_draw()'s counts (k - 1 uniforms); `used`
+   is how many uniforms that takes (the buffer must hold them, else the caller draws). Status 0:
+   no leaf emptied, so the counts are the whole draw (the caller consumes `used`
+   uniforms); 1: the caller draws, from the candidates gathered here (no uniform was
+   consumed; `used` is 0); 2: the candidates hold fewer than `need` pages (a new phase is
+   due). The rules are leaf_sampling's _choose and _draw_picks. */
 static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (check_args(nargs, 13, "first_round") < 0) return NULL;
+    if (check_args(nargs, 14, "first_round") < 0) return NULL;
     Arr a[6];
     memset(a, 0, sizeof a);
-    Py_ssize_t end, phase, page, need, start, per_leaf, max_rounds;
+    Py_ssize_t end, phase, page, need, start, per_leaf, up_to, max_rounds;
     if (get_ssize(args[2], &end, "end") < 0 || get_ssize(args[3], &phase, "phase") < 0 ||
         get_ssize(args[4], &page, "page") < 0 || get_ssize(args[5], &need, "need") < 0 ||
         get_ssize(args[7], &start, "start") < 0 ||
         get_ssize(args[8], &per_leaf, "picks_per_leaf") < 0 ||
-        get_ssize(args[9], &max_rounds, "max_rounds") < 0)
+        get_ssize(args[9], &up_to, "picks_up_to") < 0 ||
+        get_ssize(args[10], &max_rounds, "max_rounds") < 0)
         return NULL;
     if (page < 1) return PyErr_Format(PyExc_ValueError, "page: must be >= 1, got %zd", page);
     if (get(args[0], &a[0], 0, 'i', "mark") < 0 || get(args[1], &a[1], 0, 'i', "size") < 0 ||
         get(args[6], &a[2], 0, 'f', "uniforms") < 0 ||
-        get(args[10], &a[3], 1, 'i', "slots_out") < 0 ||
-        get(args[11], &a[4], 1, 'i', "pages_out") < 0 ||
-        get(args[12], &a[5], 1, 'i', "counts_out") < 0)
+        get(args[11], &a[3], 1, 'i', "slots_out") < 0 ||
+        get(args[12], &a[4], 1, 'i', "pages_out") < 0 ||
+        get(args[13], &a[5], 1, 'i', "counts_out") < 0)
         goto fail;
     if (end < 0 || end > length(&a[0]) || end > length(&a[1]) || end > length(&a[3]) ||
         end > length(&a[4]) || end > length(&a[5])) {
@@ -167,11 +287,14 @@ static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t n
         }
     }
     int status = 1;
+    Py_ssize_t used = 0, left = length(&a[2]) - start;
     if (total < need) {
         status = 2;
-    } else if (need > 0 && need < per_leaf * k && need <= length(&a[2]) - start) {
-        int continuous = 0;
-        if (need > smallest) { /* _choose: no leaf is sure to keep a page */
+    } else if (need > 0) {
+        int continuous = 0, drawn = 0, many = need >= per_leaf * k; /* picks per leaf */
+        int counted = !many || need <= up_to; /* buffered picks, else even_draw() */
+        if (need > smallest && !(many && need <= smallest * max_rounds)) {
+            /* _choose: a leaf may empty, and not the multinomial rounds' case */
             double mean = (double)need / (double)k;
             double bound = mean + 3.0 * sqrt(mean) + 1.0;
             if (!((double)smallest > bound)) {
@@ -180,19 +303,31 @@ static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t n
                 continuous = likely > max_rounds;
             }
         }
-        if (!continuous) {
+        if (continuous) {
+            /* the caller's continuous-time draw */
+        } else if (counted && need <= left) {
             if (count_picks(a[2].view.buf, start, need, k, counts) < 0) goto fail;
+            used = need;
+            drawn = 1;
+        } else if (!counted && k - 1 <= left) {
+            if (even_draw(a[2].view.buf, start, need, k, counts) < 0) goto fail;
+            used = k - 1;
+            drawn = 1;
+        } /* else the buffer runs short: the caller draws (and refills it) */
+        if (drawn) {
             status = 0;
             for (Py_ssize_t i = 0; i < k; i++) {
                 if (counts[i] >= pages[i]) {
                     status = 1; /* a leaf empties: the caller's draw goes on from here */
+                    used = 0;
                     break;
                 }
             }
         }
     }
     release(a, 6);
-    return Py_BuildValue("(inLOO)", status, k, (long long)smallest, args[10], args[11]);
+    return Py_BuildValue("(inLnOO)", status, k, (long long)smallest, used, args[11],
+                         args[12]);
 fail:
     release(a, 6);
     return NULL;
@@ -227,6 +362,40 @@ static PyObject *pick_counts(PyObject *self, PyObject *const *args, Py_ssize_t n
         if (counts[i] > top) top = counts[i];
     release(a, 2);
     return Py_BuildValue("(OL)", args[4], (long long)top);
+fail:
+    release(a, 2);
+    return NULL;
+}
+
+/* even_counts(uniforms, start, n, leaves, counts_out) -> counts_out
+
+   even_draw() into counts_out[:leaves]: n picks over `leaves` equal leaves, from the
+   leaves - 1 uniforms from `start`. */
+static PyObject *even_counts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_args(nargs, 5, "even_counts") < 0) return NULL;
+    Arr a[2];
+    memset(a, 0, sizeof a);
+    Py_ssize_t start, n, leaves;
+    if (get_ssize(args[1], &start, "start") < 0 || get_ssize(args[2], &n, "n") < 0 ||
+        get_ssize(args[3], &leaves, "leaves") < 0)
+        return NULL;
+    if (n < 0) return PyErr_Format(PyExc_ValueError, "n: must be >= 0, got %zd", n);
+    if (get(args[0], &a[0], 0, 'f', "uniforms") < 0 ||
+        get(args[4], &a[1], 1, 'i', "counts_out") < 0)
+        goto fail;
+    if (leaves < 1 || leaves > length(&a[1])) {
+        PyErr_Format(PyExc_ValueError, "leaves: %zd is not in 1..len(counts_out)", leaves);
+        goto fail;
+    }
+    if (start < 0 || start > length(&a[0]) - (leaves - 1)) {
+        PyErr_Format(PyExc_ValueError, "start, leaves: %zd, %zd are outside the uniforms",
+                     start, leaves);
+        goto fail;
+    }
+    if (even_draw(a[0].view.buf, start, n, leaves, a[1].view.buf) < 0) goto fail;
+    release(a, 2);
+    Py_INCREF(args[4]);
+    return args[4];
 fail:
     release(a, 2);
     return NULL;
@@ -574,10 +743,13 @@ fail:
 static PyMethodDef methods[] = {
     FASTCALL(first_round,
      "first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf, "
-     "max_rounds, slots_out, pages_out, counts_out) -> (status, k, smallest, slots_out, "
-     "pages_out)"),
+     "picks_up_to, max_rounds, slots_out, pages_out, counts_out) -> (status, k, smallest, "
+     "used, "
+     "slots_out, pages_out)"),
     FASTCALL(pick_counts,
      "pick_counts(uniforms, start, n, leaves, counts_out) -> (counts_out, the largest count)"),
+    FASTCALL(even_counts,
+     "even_counts(uniforms, start, n, leaves, counts_out) -> counts_out"),
     FASTCALL(bridge_params,
      "bridge_params(start, end, size, lo, hi, t_lo, t_hi, t, n_out, p_out) -> (n_out, p_out)"),
     FASTCALL(bridge_finish,

@@ -11,15 +11,17 @@ def first_round(
     uniforms: Any,
     start: int,
     picks_per_leaf: int,
+    picks_up_to: int,
     max_rounds: int,
     slots_out: Any,
     pages_out: Any,
     counts_out: Any,
     /,
-) -> tuple[int, int, int, Any, Any]: ...
+) -> tuple[int, int, int, int, Any, Any]: ...
 def pick_counts(
     uniforms: Any, start: int, n: int, leaves: int, counts_out: Any, /
 ) -> tuple[Any, int]: ...
+def even_counts(uniforms: Any, start: int, n: int, leaves: int, counts_out: Any, /) -> Any: ...
 def bridge_params(
     start: Any,
     end: Any,

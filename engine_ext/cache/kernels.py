@@ -11,20 +11,28 @@ fill the caller's; ``COMPILED`` says which are in use, and the tests check that 
 the same results.
 
 - ``first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf,
-  max_rounds, slots_out, pages_out, counts_out) -> (status, k, smallest, slots, pages)``:
-  an eviction's common case at once. The candidates: the slots ``i < end`` with
-  ``mark[i] < phase``, in order (``slots[:k]``), their sizes in pages (``size // page``;
-  ``pages[:k]``) and the smallest of those (0 if none). Then, where ``leaf_sampling``
-  would draw the first round as picks from ``Draws``' buffer (fewer than
-  ``picks_per_leaf`` picks per leaf, not the continuous-time draw, ``need`` uniforms left
-  from ``start``), their counts into ``counts_out[:k]``. ``WHOLE``: no leaf emptied, the
-  counts are the whole draw (the caller consumes the uniforms); ``DRAW``: the caller
-  draws, from these candidates (no uniform was consumed); ``SHORT``: they hold fewer than
-  ``need`` pages. The numpy twin never says ``WHOLE``: the caller's own draw then runs,
-  which is the same draw (``tests/engine_ext/test_kernels.py``).
+  picks_up_to, max_rounds, slots_out, pages_out, counts_out) -> (status, k, smallest,
+  used, slots, pages)``: an eviction's common case at once. The candidates: the slots
+  ``i < end`` with ``mark[i] < phase``, in order (``slots[:k]``), their sizes in pages
+  (``size // page``; ``pages[:k]``) and the smallest of those (0 if none). Then, unless
+  ``leaf_sampling`` goes straight to the continuous-time draw, the first round drawn as
+  ``Draws`` draws it from its buffer, into ``counts_out[:k]``: ``need`` picks (fewer than
+  ``picks_per_leaf`` per leaf, or at most ``picks_up_to``) or else ``even_counts``,
+  ``used`` uniforms from ``start`` (if the buffer holds them). ``WHOLE``: no leaf
+  emptied, the counts are the whole draw (the caller consumes the ``used`` uniforms);
+  ``DRAW``: the caller draws, from these candidates (no uniform was consumed, ``used`` is
+  0); ``SHORT``: they hold fewer than ``need`` pages.
+  The numpy twin never says ``WHOLE``: the caller's own draw then runs, which is the same
+  draw (``tests/engine_ext/test_kernels.py``).
 - ``pick_counts(uniforms, start, n, leaves, counts_out) -> (counts, top)``: how many of the
   float64 ``uniforms[start:start + n]`` pick each leaf (``counts[:leaves]``), a pick being
   ``floor(u * leaves)``, and the largest count.
+- ``even_counts(uniforms, start, n, leaves, counts_out) -> counts``: ``n`` picks uniform
+  over ``leaves`` as counts (a multinomial draw with equal odds), from the ``leaves - 1``
+  uniforms from ``start``: one binomial per leaf, each inverted from one uniform by a
+  search outward from its mode (``_kernels.c`` explains it). Its twin is plain Python
+  (a handful of float operations per leaf and per step of the search), step for step
+  the C arithmetic, so both draw the same counts.
 - ``bridge_params(start, end, size, lo, hi, t_lo, t_hi, t, n_out, p_out) -> (n, p)`` and
   ``bridge_finish(start, end, size, lo, drawn, t) -> (counts, total)``: the arithmetic
   around the binomial draw of ``leaf_sampling._bridge`` (every leaf's ring count at ``t``
@@ -52,6 +60,8 @@ the same results.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 __all__ = [
@@ -62,6 +72,8 @@ __all__ = [
     "WHOLE",
     "bridge_finish",
     "bridge_params",
+    "even_counts",
+    "even_pmf",
     "first_round",
     "gap_first",
     "gap_rings",
@@ -104,19 +116,20 @@ def numpy_first_round(
     uniforms: np.ndarray,
     start: int,
     picks_per_leaf: int,
+    picks_up_to: int,
     max_rounds: int,
     slots_out: np.ndarray,
     pages_out: np.ndarray,
     counts_out: np.ndarray,
-) -> tuple[int, int, int, np.ndarray, np.ndarray]:
+) -> tuple[int, int, int, int, np.ndarray, np.ndarray]:
     slots = (mark[:end] < phase).nonzero()[0]
     k = len(slots)
     pages = size[slots] // page if page > 1 else size[slots]
     if not k:
-        return (SHORT if need > 0 else DRAW), 0, 0, slots, pages
+        return (SHORT if need > 0 else DRAW), 0, 0, 0, slots, pages
     smallest = int(_min(pages))
     short = k * smallest < need and int(_sum(pages)) < need
-    return (SHORT if short else DRAW), k, smallest, slots, pages
+    return (SHORT if short else DRAW), k, smallest, 0, slots, pages
 
 
 def numpy_pick_counts(
@@ -126,6 +139,117 @@ def numpy_pick_counts(
         raise ValueError(f"start, n, leaves: {start}, {n}, {leaves} are outside the uniforms")
     counts = np.bincount(picks_of(uniforms, start, n, leaves), minlength=leaves)
     return counts, (int(_max(counts)) if n else 0)
+
+
+# ``even_counts``' arithmetic (``_kernels.c``: the same constants and operations, in order)
+_LN_2PI = 1.8378770664093456
+# log(n!) - log(sqrt(2 pi n) (n / e)^n) for n < 16, exact to double precision
+_STIRLERR_SMALL = (
+    0.0, 0.08106146679532726, 0.0413406959554093, 0.02767792568499834,
+    0.020790672103765093, 0.016644691189821193, 0.013876128823070748,
+    0.01189670994589177, 0.010411265261972096, 0.009255462182712733,
+    0.00833056343336287, 0.007573675487951841, 0.00694284010720953,
+    0.006408994188004207, 0.0059513701127588475, 0.005554733551962801,
+)  # fmt: skip
+_S0, _S1, _S2 = 0.083333333333333333, 0.0027777777777777778, 0.00079365079365079365
+_S3, _S4 = 0.00059523809523809524, 0.00084175084175084175
+
+
+def _stirlerr(n: int) -> float:
+    if n < 16:
+        return _STIRLERR_SMALL[n]
+    x = float(n)
+    nn = x * x
+    if n > 500:
+        return (_S0 - _S1 / nn) / x
+    if n > 80:
+        return (_S0 - (_S1 - _S2 / nn) / nn) / x
+    if n > 35:
+        return (_S0 - (_S1 - (_S2 - _S3 / nn) / nn) / nn) / x
+    return (_S0 - (_S1 - (_S2 - (_S3 - _S4 / nn) / nn) / nn) / nn) / x
+
+
+def _bd0(x: float, mu: float) -> float:
+    d = x - mu
+    if abs(d) < 0.1 * (x + mu):
+        v = d / (x + mu)
+        s = d * v
+        ej = 2.0 * x * v
+        vv = v * v
+        for j in range(1, 1000):
+            ej = ej * vv
+            s1 = s + ej / float(2 * j + 1)
+            if s1 == s:
+                return s1
+            s = s1
+        return s
+    return x * math.log(x / mu) + mu - x
+
+
+def even_pmf(x: int, n: int, r: int) -> float:
+    """P(Bin(n, 1/r) = x), Loader's saddle-point form (``_kernels.c``), r >= 2."""
+    p = 1.0 / float(r)
+    q = 1.0 - p
+    if x == 0:
+        return math.exp(float(n) * math.log1p(-p))
+    if x == n:
+        return math.exp(float(n) * math.log(p))
+    lc = (
+        _stirlerr(n)
+        - _stirlerr(x)
+        - _stirlerr(n - x)
+        - _bd0(float(x), float(n) * p)
+        - _bd0(float(n - x), float(n) * q)
+    )
+    lf = _LN_2PI + math.log(float(x)) + math.log1p(-float(x) / float(n))
+    return math.exp(lc - 0.5 * lf)
+
+
+def _even_binomial(n: int, r: int, u: float) -> int:
+    if n == 0:
+        return 0
+    m = min((n + 1) // r, n)
+    f = even_pmf(m, n, r)
+    cum = f_hi = f_lo = f
+    if u < cum:
+        return m
+    hi = lo = m
+    while True:
+        up = hi < n and f_hi > 0.0
+        down = lo > 0 and f_lo > 0.0
+        if not up and not down:
+            return m
+        if up:
+            f_hi = f_hi * (float(n - hi) / float((hi + 1) * (r - 1)))
+            hi += 1
+            cum = cum + f_hi
+            if u < cum:
+                return hi
+        if down:
+            f_lo = f_lo * (float(lo * (r - 1)) / float(n - lo + 1))
+            lo -= 1
+            cum = cum + f_lo
+            if u < cum:
+                return lo
+
+
+def numpy_even_counts(
+    uniforms: np.ndarray, start: int, n: int, leaves: int, counts_out: np.ndarray | None
+) -> np.ndarray:
+    if n < 0:
+        raise ValueError(f"n: must be >= 0, got {n}")
+    if leaves < 1 or start < 0 or start + leaves - 1 > len(uniforms):
+        raise ValueError(f"start, leaves: {start}, {leaves} are outside the uniforms")
+    counts = np.empty(leaves, dtype=np.int64)
+    left = n
+    for j, u in enumerate(uniforms[start : start + leaves - 1].tolist()):
+        if not 0.0 <= u < 1.0:
+            raise ValueError(f"uniforms[{start + j}] is not in [0, 1)")
+        x = _even_binomial(left, leaves - j, u)
+        counts[j] = x
+        left -= x
+    counts[leaves - 1] = left
+    return counts
 
 
 def numpy_bridge_params(
@@ -206,8 +330,10 @@ def numpy_trim(
     starts_out: np.ndarray | None,
     lengths_out: np.ndarray | None,
 ) -> int:
-    if k < len(slots):
-        slots, taken = slots[:k], taken[:k]
+    if len(slots) != k:
+        slots = slots[:k]
+    if len(taken) != k:
+        taken = taken[:k]
     cut = taken * page if page > 1 else taken
     keep = size[slots] - cut
     size[slots] = keep
@@ -234,6 +360,7 @@ def numpy_gather(
 NUMPY_LOOPS = {
     "first_round": numpy_first_round,
     "pick_counts": numpy_pick_counts,
+    "even_counts": numpy_even_counts,
     "bridge_params": numpy_bridge_params,
     "bridge_finish": numpy_bridge_finish,
     "gap_rings": numpy_gap_rings,
@@ -246,6 +373,7 @@ try:
     from engine_ext.cache._kernels import (
         bridge_finish,
         bridge_params,
+        even_counts,
         first_round,
         gap_first,
         gap_rings,

@@ -46,6 +46,10 @@ class LeafRegistry:
 
     size: np.ndarray
     mark: np.ndarray
+    # Working arrays of an eviction, as long as the slots (RLT's candidates, their pages and
+    # the pages drawn from each: ``kernels.first_round`` fills them): allocated with the
+    # slots, so that an eviction allocates nothing.
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray]
 
     def __init__(self) -> None:
         self.clear()
@@ -55,6 +59,7 @@ class LeafRegistry:
         self.nodes: list[RadixNode | None] = []
         for name, fill in self.ARRAYS:
             setattr(self, name, np.full(_INITIAL_SLOTS, fill, dtype=np.int64))
+        self.scratch = _scratch(_INITIAL_SLOTS)
         self.live = 0
 
     def __len__(self) -> int:
@@ -123,6 +128,7 @@ class LeafRegistry:
             new = np.full(n, fill, dtype=old.dtype)
             new[: len(old)] = old
             setattr(self, name, new)
+        self.scratch = _scratch(n)
 
     def _compact(self) -> None:
         """Close the holes, keeping the order; every live node gets its new slot."""
@@ -136,3 +142,7 @@ class LeafRegistry:
             arr = getattr(self, name)
             arr[:live] = arr[keep]
             arr[live:end] = fill
+
+
+def _scratch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)

@@ -61,6 +61,12 @@ _MAX_ROUNDS = 8
 # A cut round draws its picks as counts (one multinomial, O(leaves)) instead of one by one
 # (O(picks)) from this many picks per leaf on; the order is drawn only if a leaf empties.
 _MULTINOMIAL_PICKS_PER_LEAF = 8
+# A ``Draws`` counts a round's picks from its buffer when they are fewer than
+# ``_MULTINOMIAL_PICKS_PER_LEAF`` per leaf or at most this many, and otherwise draws the
+# counts as one binomial per leaf (``Draws.even_counts``): compiled, a pick costs ~1 ns and a
+# leaf's binomial ~0.1-0.2 us; in the numpy fallback, counting 4,096 picks (one bincount)
+# costs less than a few dozen binomials in Python.
+_COUNTED_PICKS = 4096
 # Up to this many leaves, callers gather candidates and start the draw with Python lists
 # (``draw_first_round``): numpy's per-call cost outweighs its vector speed on so few. Not with
 # the compiled loops (``kernels``), which cost less than the lists at any size.
@@ -120,6 +126,21 @@ class Draws(np.random.Generator):
         out = np.empty(leaves, dtype=np.int64) if kernels.COMPILED else None
         counts, top = kernels.pick_counts(uniforms, start, n, leaves, out)
         return counts, top, partial(kernels.picks_of, uniforms, start, n, leaves)
+
+    def even_counts(self, n: int, leaves: int) -> np.ndarray:
+        """``n`` picks uniform over ``leaves`` as counts: a multinomial draw with equal
+        odds, one binomial per leaf, each from one buffered uniform (``leaves - 1`` in
+        all; ``kernels.even_counts``). Its cost grows with the leaves and the square root
+        of the picks per leaf, not with ``n``; numpy's ``multinomial`` draws the same
+        distribution from other random numbers."""
+        used = leaves - 1
+        if used > self._buffer:
+            uniforms, start = self.random(used), 0
+        else:
+            uniforms, start = self._take(used)
+        out = np.empty(leaves, dtype=np.int64) if kernels.COMPILED else None
+        counts: np.ndarray = kernels.even_counts(uniforms, start, n, leaves, out)
+        return counts
 
     def ahead(self) -> tuple[np.ndarray, int]:
         """The buffer and where its unused uniforms start (``kernels.first_round`` reads
@@ -233,7 +254,7 @@ def _choose(
         smallest = min(remaining) if isinstance(remaining, list) else int(np.min(remaining))
     if need <= smallest:
         return "cut"  # no leaf can empty: one round is the whole draw
-    if need <= smallest * max_rounds and leaves * 8 <= need:
+    if need <= smallest * max_rounds and leaves * _MULTINOMIAL_PICKS_PER_LEAF <= need:
         return "multinomial"
     if smallest > _likely_bound(need, leaves):
         return "cut"  # no leaf is likely to empty (``_likely_emptyings`` would count 0)
@@ -286,8 +307,7 @@ class _Rounds:
             self.picked = np.append(self.picked, 0)
 
     def multinomial_round(self, m: int) -> None:
-        k = len(self.active)
-        self._take(self.gen.multinomial(m, np.full(k, 1.0 / k)), m)
+        self._take(_draw_picks(self.gen, len(self.active), m)[0], m)
         if _min(self.remaining) == 0:  # at most one leaf: it took all m picks of this round
             self._empty(int(np.argmin(self.remaining)))
 
@@ -377,16 +397,22 @@ def _nobody_empties(counts: np.ndarray, pages: np.ndarray, need: int, smallest: 
 
 def _draw_picks(gen: np.random.Generator, leaves: int, need: int) -> Drawn:
     """``need`` picks uniform over ``leaves``: (counts per leaf, the picks in order, or None
-    when many picks per leaf make one multinomial draw of the counts cheaper). A ``Draws``
-    serves the picks from its buffer, counted in one compiled loop, with a function that
-    gives them in order if a leaf empties; any other generator draws them."""
-    if need >= _MULTINOMIAL_PICKS_PER_LEAF * leaves:
+    when they were drawn as counts only). A ``Draws`` serves the picks from its buffer,
+    counted in one compiled loop, with a function that gives them in order if a leaf
+    empties, or with many picks per leaf (more than ``_COUNTED_PICKS``) draws the counts
+    themselves (``Draws.even_counts``); any other generator draws the picks, or with many
+    per leaf a multinomial."""
+    many = need >= _MULTINOMIAL_PICKS_PER_LEAF * leaves
+    if isinstance(gen, Draws):
+        if many and need > _COUNTED_PICKS:
+            return gen.even_counts(need, leaves), None
+        if need <= gen._buffer:
+            counts, _, picks_in_order = gen.pick_counts(leaves, need)
+            return counts, picks_in_order
+    elif many:
         # Probabilities as a list: numpy converts it inside the call, which costs less cold
         # than a separate ``np.full`` (the same float64 values, so the same draw).
         return gen.multinomial(need, [1.0 / leaves] * leaves), None
-    if isinstance(gen, Draws) and need <= gen._buffer:
-        counts, _, picks_in_order = gen.pick_counts(leaves, need)
-        return counts, picks_in_order
     picks = gen.integers(0, leaves, size=need)
     return np.bincount(picks, minlength=leaves), picks
 

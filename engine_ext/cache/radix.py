@@ -355,12 +355,12 @@ class RadixCache:
             self.total_tokens -= num_tokens
         return num_tokens
 
-    def cut_tails(self, slots: np.ndarray, pages: np.ndarray) -> int:
+    def cut_tails(self, slots: np.ndarray, pages: np.ndarray, k: int) -> int:
         """Cut ``pages[i]`` pages (fewer than the leaf holds; 0 is allowed) off the tail of
-        the unlocked leaf in ``slots[i]``, deferred: one loop over the batch
+        the unlocked leaf in ``slots[i]``, ``i < k``, deferred: one loop over the batch
         (``kernels.trim``). Returns the tokens cut."""
         size, page = self.leaves.size, self.page_size
-        cut = kernels.trim(size, slots, pages, len(slots), page, None, None, None)
+        cut = kernels.trim(size, slots, pages, k, page, None, None, None)
         self.total_tokens -= cut
         return cut
 

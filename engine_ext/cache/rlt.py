@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine_ext.cache import kernels
 from engine_ext.cache.leaf_sampling import (
+    _COUNTED_PICKS,
     _MAX_ROUNDS,
     _MULTINOMIAL_PICKS_PER_LEAF,
     FEW_LEAVES,
@@ -64,9 +65,6 @@ class RLTEviction:
         self.marked_tokens = 0
         self.phases_started = 0
         self.registry = cache.leaves  # the unlocked leaves are candidates (DESIGN 3.3)
-        # The candidates' slots, sizes in pages and pages taken (``_first_round``), reused:
-        # an eviction's arrays are views of these, valid until the next eviction.
-        self._slots = self._pages = self._counts = np.empty(0, dtype=np.int64)
 
     def reset(self) -> None:
         self.phase += 1
@@ -116,14 +114,18 @@ class RLTEviction:
             slots = np.asarray(cand, dtype=np.int64)
             pages = np.asarray(cand_pages, dtype=np.int64)
         else:
-            slots, pages, smallest, whole = self._first_round(need, short)
-            if not len(slots):
+            status, k, smallest, used, slots, pages = self._first_round(need, short)
+            if not k:
                 return 0
-            method, drawn = None, None
-            if whole is None:
-                method, drawn, whole = draw_first_counts(pages, need, self.gen, smallest)
-            if whole is not None:  # the common case: every candidate loses a few pages
-                cache.cut_tails(slots, whole)
+            if status == kernels.WHOLE:  # the common case: every candidate loses a few pages
+                self.gen.consume(used)
+                cache.cut_tails(slots, registry.scratch[2], k)
+                return need * page
+            if len(slots) != k:  # the compiled loop's arrays: the first k are the candidates
+                slots, pages = slots[:k], pages[:k]
+            method, drawn, whole = draw_first_counts(pages, need, self.gen, smallest)
+            if whole is not None:  # no leaf emptied after all
+                cache.cut_tails(slots, whole, k)
                 return need * page
         nodes = registry.nodes
         # Node of each label: the candidates (built when a leaf first empties), then the
@@ -145,16 +147,20 @@ class RLTEviction:
         counts, emptied = draw_leaf_counts(
             pages, need, self.gen, parent_joins, method=method, first=drawn, smallest=smallest
         )
-        if not emptied:  # the common case: every candidate loses a few pages, none empties
-            # (parents the walk saw join after the target have labels past k, and no pages)
-            cache.cut_tails(slots, counts[:k])
+        if not emptied:  # every candidate loses a few pages, none empties (parents the
+            # walk saw join after the target have labels past k, and no pages)
+            cache.cut_tails(slots, counts, k)
             return need * page
         # Partial trims of the first candidates first, in one step (deleting leaves may
         # renumber the slots); then the emptied leaves, children before parents; then the
         # few parents that joined and lost only part of their pages.
         first = counts[:k]
         partial = (first > 0) & (first < pages)
-        freed = cache.cut_tails(slots[partial], first[partial]) if _any(partial) else 0
+        if _any(partial):
+            cut = slots[partial]
+            freed = cache.cut_tails(cut, first[partial], len(cut))
+        else:
+            freed = 0
         freed += cache.delete_emptied([label_nodes[label] for label in emptied])
         joined = label_nodes[k:]
         for node, taken, size in zip(joined, counts[k:].tolist(), joined_pages, strict=True):
@@ -171,41 +177,29 @@ class RLTEviction:
             return False
         return cache.total_tokens - self.marked_tokens < need_tokens
 
-    def _first_round(
-        self, need: int, short: bool
-    ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
-        """Registry slots of the unmarked, unlocked leaves, their sizes in pages and the
-        smallest size (0 if there are none), after starting a new phase if those hold
-        fewer than ``need`` pages (or ``short``: the caller knows they do); and in an
-        eviction's common case the whole draw (pages taken per candidate, when the first
-        round's picks empty no leaf), else None. One call does it all
-        (``kernels.first_round``), into arrays kept for the next eviction."""
-        registry, page, gen = self.registry, self.cache.page_size, self.gen
-        end, mark, size = registry.end, registry.mark, registry.size
-        if kernels.COMPILED and len(self._slots) < end:  # (the numpy loops make their own)
-            self._slots, self._pages, self._counts = (
-                np.empty(len(size), dtype=np.int64) for _ in range(3)
-            )
-        counts = self._counts
-        outs = (self._slots, self._pages, counts)
+    def _first_round(self, need: int, short: bool) -> tuple[int, int, int, int, Any, Any]:
+        """``kernels.first_round`` on the registry, after starting a new phase if the
+        candidates hold fewer than ``need`` pages (or ``short``: the caller knows they
+        do): (status, k, smallest, used, slots, pages). The candidates are the first k
+        of ``slots`` (registry slots of the unmarked, unlocked leaves) and ``pages``
+        (their sizes in pages); ``smallest`` is the smallest of those (0 if k is 0). On
+        ``WHOLE`` the first k of the registry's ``scratch[2]`` are the whole draw (pages
+        taken per candidate: the first round's picks emptied no leaf), which took ``used``
+        of the generator's buffered uniforms. The compiled loop writes into the registry's
+        scratch arrays (the numpy one makes its own): views of those, valid until the next
+        eviction."""
+        registry, gen = self.registry, self.gen
         if short:
             self.new_phase()
         uniforms, start = gen.ahead()
-        args = (need, uniforms, start, _MULTINOMIAL_PICKS_PER_LEAF, _MAX_ROUNDS, *outs)
-        status, k, smallest, slots, pages = kernels.first_round(
-            mark, size, end, self.phase, page, *args
-        )
-        if status == kernels.SHORT and not short:
+        rules = (_MULTINOMIAL_PICKS_PER_LEAF, _COUNTED_PICKS, _MAX_ROUNDS)
+        args = (self.cache.page_size, need, uniforms, start, *rules, *registry.scratch)
+        mark, size, end = registry.mark, registry.size, len(registry.nodes)
+        found = kernels.first_round(mark, size, end, self.phase, *args)
+        if found[0] == kernels.SHORT and not short:
             self.new_phase()
-            status, k, smallest, slots, pages = kernels.first_round(
-                mark, size, end, self.phase, page, *args
-            )
-        if len(slots) != k:  # the compiled loop's arrays: the first k are the candidates
-            slots, pages = slots[:k], pages[:k]
-        if status == kernels.WHOLE:
-            gen.consume(need)
-            return slots, pages, smallest, counts[:k]
-        return slots, pages, smallest, None
+            found = kernels.first_round(mark, size, end, self.phase, *args)
+        return found
 
     def _few_candidates(self, need_tokens: int, short: bool) -> tuple[list[int], list[int]]:
         """``_first_round``'s candidates with Python lists, for a registry of a few leaves

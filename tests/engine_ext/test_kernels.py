@@ -4,6 +4,7 @@ writing anything."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -11,13 +12,16 @@ import sys
 import sysconfig
 import zipfile
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.stats import binom, chi2
 
 from engine_ext.cache import kernels, leaf_sampling
 
@@ -90,8 +94,8 @@ def test_first_round_gathers_the_candidates(
     results = []
     for fn in both("first_round"):
         outs = [np.full(len(mark), -7, np.int64) for _ in range(3)]
-        status, k, smallest, slots, pages = fn(
-            mark, size, end, phase, page, need, uniforms, 0, 8, 8, *outs
+        status, k, smallest, _, slots, pages = fn(
+            mark, size, end, phase, page, need, uniforms, 0, 8, 64, 8, *outs
         )
         results.append(
             (status == kernels.SHORT, k, smallest, slots[:k].tolist(), pages[:k].tolist())
@@ -177,8 +181,9 @@ def test_gather_copies_the_runs_in_order(impl: str, dtype: type) -> None:
 
 
 def test_the_compiled_loops_refuse_bad_input_before_writing() -> None:
-    first_round, pick_counts, trim, gather = (
-        implementation("compiled", k) for k in ("first_round", "pick_counts", "trim", "gather")
+    first_round, pick_counts, even_counts, trim, gather = (
+        implementation("compiled", k)
+        for k in ("first_round", "pick_counts", "even_counts", "trim", "gather")
     )
     mark = np.zeros(4, np.int64)
     size = np.array([4, 4, 4, 4], np.int64)
@@ -189,20 +194,20 @@ def test_the_compiled_loops_refuse_bad_input_before_writing() -> None:
         return np.zeros(4, np.int64), np.zeros(4, np.int64), np.zeros(4, np.int64)
 
     with pytest.raises(TypeError, match="mark: expected a one-dimensional int64 array"):
-        first_round(mark.astype(np.int32), size, 4, 1, 1, 2, u, 0, 8, 8, *outs())
+        first_round(mark.astype(np.int32), size, 4, 1, 1, 2, u, 0, 8, 64, 8, *outs())
     frozen = np.zeros(4, np.int64)
     frozen.setflags(write=False)
     with pytest.raises(TypeError, match="slots_out: expected a writable"):
-        first_round(mark, size, 4, 1, 1, 2, u, 0, 8, 8, frozen, out, out.copy())
+        first_round(mark, size, 4, 1, 1, 2, u, 0, 8, 64, 8, frozen, out, out.copy())
     with pytest.raises(TypeError, match="size: expected a"):
-        first_round(mark, np.zeros(8, np.int64)[::2], 4, 1, 1, 2, u, 0, 8, 8, *outs())
+        first_round(mark, np.zeros(8, np.int64)[::2], 4, 1, 1, 2, u, 0, 8, 64, 8, *outs())
     with pytest.raises(ValueError, match="end: 5 is outside the arrays"):
-        first_round(mark, size, 5, 1, 1, 2, u, 0, 8, 8, *outs())
+        first_round(mark, size, 5, 1, 1, 2, u, 0, 8, 64, 8, *outs())
     with pytest.raises(ValueError, match="start: 9 is outside the uniforms"):
-        first_round(mark, size, 4, 1, 1, 2, u, 9, 8, 8, *outs())
+        first_round(mark, size, 4, 1, 1, 2, u, 9, 8, 64, 8, *outs())
     with pytest.raises(ValueError, match="page: must be >= 1"):
-        first_round(mark, size, 4, 1, 0, 2, u, 0, 8, 8, *outs())
-    with pytest.raises(TypeError, match=r"takes 13 arguments \(2 given\)"):
+        first_round(mark, size, 4, 1, 0, 2, u, 0, 8, 64, 8, *outs())
+    with pytest.raises(TypeError, match=r"takes 14 arguments \(2 given\)"):
         first_round(mark, size)
     with pytest.raises(ValueError, match=r"uniforms\[1\] is not in \[0, 1\)"):
         pick_counts(np.array([0.5, 1.0]), 0, 2, 3, out)
@@ -212,6 +217,14 @@ def test_the_compiled_loops_refuse_bad_input_before_writing() -> None:
         pick_counts(np.array([0.5]), 0, 1, 5, out)
     with pytest.raises(TypeError, match="uniforms: expected a one-dimensional float64"):
         pick_counts(np.array([1, 2]), 0, 1, 3, out)
+    with pytest.raises(ValueError, match=r"uniforms\[1\] is not in \[0, 1\)"):
+        even_counts(np.array([0.5, -0.5]), 0, 10, 3, out)
+    with pytest.raises(ValueError, match="start, leaves: 1, 3 are outside the uniforms"):
+        even_counts(np.array([0.5, 0.5]), 1, 10, 3, out)
+    with pytest.raises(ValueError, match="n: must be >= 0, got -1"):
+        even_counts(np.array([0.5, 0.5]), 0, -1, 3, out)
+    with pytest.raises(ValueError, match=r"leaves: 0 is not in 1\.\.len"):
+        even_counts(np.array([0.5]), 0, 1, 0, out)
     before = size.tolist()
     with pytest.raises(ValueError, match=r"taken\[1\] = 5 pages: the leaf in slot 2 holds 4"):
         trim(size, np.array([0, 2], np.int64), np.array([1, 5], np.int64), 2, 1, None, None, None)
@@ -253,20 +266,28 @@ print("ok")
     assert done.stdout.strip() == "ok"
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40)), min_size=1, max_size=40),
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 40) | st.integers(40, 3_000)),  # pages
+        min_size=1,
+        max_size=40,
+    ),
     st.integers(1, 400),
     st.sampled_from([1, 2]),
     st.integers(0, 2**32 - 1),
     st.integers(0, 500),
+    st.sampled_from([0, 60, leaf_sampling._COUNTED_PICKS]),
 )
 def test_first_round_is_the_draw_leaf_sampling_makes(
-    leaves: list[tuple[int, int]], need: int, page: int, seed: int, used: int
+    leaves: list[tuple[int, int]], need: int, page: int, seed: int, used: int, up_to: int
 ) -> None:
     """The compiled ``first_round`` says WHOLE exactly when ``leaf_sampling`` would draw a
-    first round of buffered picks that empties no leaf, with the same counts from the same
-    uniforms; it gathers the same candidates as the numpy twin and consumes nothing."""
+    first round from ``Draws``' buffer (picks, or even counts with many picks per leaf)
+    that empties no leaf, with the same counts from the same uniforms, and says how many
+    uniforms that took; it gathers the same candidates as the numpy twin and consumes
+    nothing itself. ``up_to`` stands for ``_COUNTED_PICKS`` (small ones put these small
+    draws on the even-counts path)."""
     first_round = implementation("compiled", "first_round")
     phase = 2
     mark = np.array([m for m, _ in leaves], np.int64)
@@ -277,13 +298,13 @@ def test_first_round_is_the_draw_leaf_sampling_makes(
     uniforms, start = draws.ahead()
     outs = [np.zeros(end, np.int64) for _ in range(3)]
     counts = outs[2]
-    status, k, smallest, slots, pages = first_round(
+    status, k, smallest, took, slots, pages = first_round(
         mark, size, end, phase, page, need, uniforms, start,
-        leaf_sampling._MULTINOMIAL_PICKS_PER_LEAF, leaf_sampling._MAX_ROUNDS, *outs,
+        leaf_sampling._MULTINOMIAL_PICKS_PER_LEAF, up_to, leaf_sampling._MAX_ROUNDS, *outs,
     )  # fmt: skip
     assert draws.ahead() == (uniforms, start), "first_round consumes nothing itself"
-    _, want_k, want_smallest, want_slots, want_pages = kernels.numpy_first_round(
-        mark, size, end, phase, page, need, uniforms, start, 8, 8, *outs
+    _, want_k, want_smallest, _, want_slots, want_pages = kernels.numpy_first_round(
+        mark, size, end, phase, page, need, uniforms, start, 8, up_to, 8, *outs
     )
     assert (k, smallest) == (want_k, want_smallest)
     assert slots[:k].tolist() == want_slots.tolist()
@@ -292,18 +313,87 @@ def test_first_round_is_the_draw_leaf_sampling_makes(
     if total < need:
         assert status == kernels.SHORT
         return
-    method, _, whole = leaf_sampling.draw_first_counts(pages[:k], need, draws, smallest)
-    buffered = (
-        method != "continuous"
-        and need < leaf_sampling._MULTINOMIAL_PICKS_PER_LEAF * k
-        and start + need <= len(uniforms)
-    )
+    with mock.patch.object(leaf_sampling, "_COUNTED_PICKS", up_to):
+        method, _, whole = leaf_sampling.draw_first_counts(pages[:k], need, draws, smallest)
+    many = need >= leaf_sampling._MULTINOMIAL_PICKS_PER_LEAF * k
+    wanted = k - 1 if many and need > up_to else need  # the uniforms of the first round
+    buffered = method != "continuous" and start + wanted <= len(uniforms)
     if buffered and whole is not None:
         assert status == kernels.WHOLE
+        assert took == wanted
         assert counts[:k].tolist() == whole.tolist()
-        assert draws.ahead()[1] == start + need  # the uniforms the caller then consumes
+        assert draws.ahead()[1] == start + wanted  # the uniforms the caller then consumes
     else:
         assert status == kernels.DRAW
+        assert took == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 60),
+    st.integers(0, 10**7),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 5),
+)
+def test_even_counts_agree_and_add_up(leaves: int, n: int, seed: int, start: int) -> None:
+    """``even_counts``: the compiled loop and its Python twin draw the same counts (the same
+    float arithmetic, step for step), which add up to ``n``, from ``leaves - 1`` uniforms."""
+    uniforms = np.random.default_rng(seed).random(start + leaves + 3)
+    uniforms[start] = np.nextafter(1.0, 0.0) if seed % 3 == 0 else uniforms[start]
+    results = []
+    for fn in both("even_counts"):
+        out = np.full(leaves + 2, -7, np.int64)
+        counts = fn(uniforms, start, n, leaves, out)
+        results.append(counts[:leaves].tolist())
+        if fn is not kernels.numpy_even_counts:
+            assert counts is out
+            assert out[leaves:].tolist() == [-7, -7], "wrote past leaves"
+    assert results[0] == results[1]
+    assert sum(results[0]) == n
+    assert min(results[0]) >= 0
+    # the uniforms past the first leaves - 1 are not read
+    changed = uniforms.copy()
+    changed[start + leaves - 1 :] = 0.5
+    assert both("even_counts")[0](changed, start, n, leaves, None).tolist() == results[0]
+
+
+@pytest.mark.parametrize(
+    ("n", "r"), [(1, 2), (7, 2), (50, 3), (1_000, 13), (100_000, 13), (5, 50), (20_000, 400)]
+)
+def test_even_counts_draw_binomials_of_the_right_law(n: int, r: int) -> None:
+    """The first of ``r`` leaves gets Bin(n, 1/r) of ``n`` picks: 20,000 draws against
+    the exact probabilities (chi-square) and the exact mean."""
+    gen = np.random.default_rng(n * 1_000 + r)
+    uniforms = gen.random(20_000 + r)
+    out = np.empty(r, np.int64)
+    draw = implementation("compiled" if kernels.COMPILED else "numpy", "even_counts")
+    firsts = np.array([draw(uniforms, i, n, r, out)[0] for i in range(20_000)])
+    values, seen = np.unique(firsts, return_counts=True)
+    expected = binom.pmf(values, n, 1 / r) * len(firsts)
+    pooled = expected >= 5
+    rest_seen, rest_expected = seen[~pooled].sum(), len(firsts) - expected[pooled].sum()
+    table_seen = np.append(seen[pooled], rest_seen)
+    table_expected = np.append(expected[pooled], rest_expected)
+    if len(table_seen) > 2:
+        stat = ((table_seen - table_expected) ** 2 / np.maximum(table_expected, 1e-9)).sum()
+        assert chi2.sf(stat, len(table_seen) - 1) > 1e-4, (values, seen, expected)
+    sd = np.sqrt(n / r * (1 - 1 / r) / len(firsts))
+    assert abs(firsts.mean() - n / r) < 5 * sd + 1e-9
+
+
+@pytest.mark.parametrize("n", [1, 2, 15, 16, 35, 36, 80, 81, 500, 501, 10_000])
+@pytest.mark.parametrize("r", [2, 3, 13, 1_000])
+def test_even_pmf_is_exact_to_rounding_near_the_mode(n: int, r: int) -> None:
+    """Loader's form of the binomial probabilities (every branch of its Stirling series)
+    against exact rational arithmetic, within two standard deviations of the mode, where
+    the draws' search spends its mass."""
+    mode = (n + 1) // r
+    spread = 2 * int(np.sqrt(n / r)) + 2
+    for x in range(max(0, mode - spread), min(n, mode + spread) + 1):
+        exact = float(Fraction(math.comb(n, x) * (r - 1) ** (n - x), r**n))
+        if exact < 1e-300:
+            continue
+        assert kernels.even_pmf(x, n, r) == pytest.approx(exact, rel=1e-13, abs=0)
 
 
 @settings(max_examples=200, deadline=None)
@@ -426,6 +516,19 @@ for seed in range(12):
         if step % 9 == 0:  # small and large evictions: cut rounds and the continuous draw
             cache.evict(rng.choice([4, 64, 1_000, 8_000, 30_000]))
     cache.check_invariants()
+for seed in range(6):  # a few long documents: the first round's counts are binomials
+    cache = RadixCache(200_000, "rlt", rng=random.Random(seed))
+    for doc in range(12):
+        cache.insert(tuple([doc + 1] + [rng.randrange(1, 999) for _ in range(8_000)]))
+    for need in (5_000, 20_000, 60_000):
+        assert cache.evict(need) == need
+    cache.check_invariants()
+uniforms = np.random.default_rng(0).random(400)
+uniforms[::7] = np.nextafter(1.0, 0.0)  # the largest uniform: the search's far end
+for n in (0, 1, 9, 5_000, 10**7):
+    for leaves in (1, 2, 13, 300):
+        out = np.empty(leaves, np.int64)
+        assert int(compiled.even_counts(uniforms, 3, n, leaves, out).sum()) == n
 source = np.arange(5_000, dtype=np.int64)
 for _ in range(200):
     k = rng.randint(0, 20)

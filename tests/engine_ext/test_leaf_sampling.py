@@ -182,9 +182,12 @@ def test_batched_sampler_matches_the_per_page_definition(
         (BIG, 14, "continuous", {"_SORT_GAP_RINGS": 0, "_STOP_MARGIN_SD": 0.3}),
         # Bisection until the span holds at most 3 rings, then their times (both, mostly).
         (BIG, 18, "continuous", {"_SORT_GAP_RINGS": 3}),
-        # Cut rounds that draw their picks as counts, and their order only if a leaf empties.
-        (SMALL, 5, "cut", {"_MULTINOMIAL_PICKS_PER_LEAF": 0}),
-        (BIG, 12, None, {"_MULTINOMIAL_PICKS_PER_LEAF": 0}),
+        # Cut rounds whose picks come as counts (one binomial per leaf, ``Draws.even_counts``),
+        # their order drawn only if a leaf empties; multinomial rounds drawn the same way.
+        (SMALL, 5, "cut", {"_MULTINOMIAL_PICKS_PER_LEAF": 0, "_COUNTED_PICKS": 0}),
+        (BIG, 12, "cut", {"_MULTINOMIAL_PICKS_PER_LEAF": 0, "_COUNTED_PICKS": 0}),
+        (BIG, 12, "multinomial", {"_COUNTED_PICKS": 0}),
+        (BIG, 12, None, {"_MULTINOMIAL_PICKS_PER_LEAF": 0, "_COUNTED_PICKS": 0}),
     ],
     ids=[
         "small-9-stop",
@@ -197,6 +200,8 @@ def test_batched_sampler_matches_the_per_page_definition(
         "big-18-bisect-then-sort",
         "small-5-counts",
         "big-12-counts",
+        "big-12-multinomial-counts",
+        "big-12-default-counts",
     ],
 )
 def test_shortcuts_match_the_per_page_definition(

@@ -243,16 +243,22 @@ def leaf_state(cache: RadixCache) -> list[tuple[int, int]]:
     return sorted((node.node_id, len(node.key)) for node in cache.leaves)
 
 
+@pytest.mark.parametrize("counted", [None, 0], ids=["picks", "even-counts"])
 @pytest.mark.parametrize("leaves", [6, 24])
 def test_every_eviction_path_makes_the_same_draws(
-    leaves: int, monkeypatch: pytest.MonkeyPatch
+    leaves: int, counted: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The eviction paths (Python lists for a few leaves, numpy arrays, the compiled loops
     on them) consume the seeded generator the same way (as ``draw_leaf_counts`` would) and
-    end with the same trees."""
+    end with the same trees; ``counted`` 0 draws every round of many picks per leaf as
+    binomial counts (``Draws.even_counts``), which otherwise takes more than 4,096 picks."""
     from rlt_paths import use_path
 
     from engine_ext.cache import kernels
+
+    if counted is not None:
+        monkeypatch.setattr("engine_ext.cache.leaf_sampling._COUNTED_PICKS", counted)
+        monkeypatch.setattr("engine_ext.cache.rlt._COUNTED_PICKS", counted)
 
     gen = np.random.default_rng(leaves)
     prefixes = [tuple(int(t) for t in gen.integers(1000, 2000, size=16)) for _ in range(3)]
