@@ -229,7 +229,7 @@ static int even_draw(const double *uniforms, Py_ssize_t start, int64_t n, Py_ssi
 }
 
 /* first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf,
-               picks_up_to, max_rounds, slots_out, pages_out, counts_out)
+               binomial_per_leaf, max_rounds, slots_out, pages_out, counts_out)
    -> (status, k, smallest, used, slots_out, pages_out)
 
    An eviction's common case in one call. The candidates: the slots i < end with
@@ -237,9 +237,10 @@ static int even_draw(const double *uniforms, Py_ssize_t start, int64_t n, Py_ssi
    into pages_out[:k], and the smallest of those (0 if k == 0). Then, unless
    leaf_sampling would go straight to the continuous-time draw, the first round's counts
    into counts_out[:k], drawn from the uniforms from `start` as leaf_sampling's
-   _draw_picks draws them with a Draws: `need` buffered picks (fewer than picks_per_leaf
-   per leaf, or at most picks_up_to) or else even_draw()'s counts (k - 1 uniforms); `used`
-   is how many uniforms that takes (the buffer must hold them, else the caller draws). Status 0:
+   _draw_picks draws them with a Draws: `need` buffered picks (fewer than binomial_per_leaf
+   per leaf, and if more than picks_per_leaf, no more than the whole buffer: the uniforms'
+   length) or else even_draw()'s counts (k - 1 uniforms); `used` is how many uniforms that
+   takes (what is left of the buffer must hold them, else the caller draws). Status 0:
    no leaf emptied, so the counts are the whole draw (the caller consumes `used`
    uniforms); 1: the caller draws, from the candidates gathered here (no uniform was
    consumed; `used` is 0); 2: the candidates hold fewer than `need` pages (a new phase is
@@ -248,12 +249,12 @@ static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (check_args(nargs, 14, "first_round") < 0) return NULL;
     Arr a[6];
     memset(a, 0, sizeof a);
-    Py_ssize_t end, phase, page, need, start, per_leaf, up_to, max_rounds;
+    Py_ssize_t end, phase, page, need, start, per_leaf, binomial_per_leaf, max_rounds;
     if (get_ssize(args[2], &end, "end") < 0 || get_ssize(args[3], &phase, "phase") < 0 ||
         get_ssize(args[4], &page, "page") < 0 || get_ssize(args[5], &need, "need") < 0 ||
         get_ssize(args[7], &start, "start") < 0 ||
         get_ssize(args[8], &per_leaf, "picks_per_leaf") < 0 ||
-        get_ssize(args[9], &up_to, "picks_up_to") < 0 ||
+        get_ssize(args[9], &binomial_per_leaf, "binomial_per_leaf") < 0 ||
         get_ssize(args[10], &max_rounds, "max_rounds") < 0)
         return NULL;
     if (page < 1) return PyErr_Format(PyExc_ValueError, "page: must be >= 1, got %zd", page);
@@ -292,7 +293,8 @@ static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t n
         status = 2;
     } else if (need > 0) {
         int continuous = 0, drawn = 0, many = need >= per_leaf * k; /* picks per leaf */
-        int counted = !many || need <= up_to; /* buffered picks, else even_draw() */
+        /* buffered picks, else even_draw() */
+        int counted = need < binomial_per_leaf * k && !(many && need > length(&a[2]));
         if (need > smallest && !(many && need <= smallest * max_rounds)) {
             /* _choose: a leaf may empty, and not the multinomial rounds' case */
             double mean = (double)need / (double)k;
@@ -743,9 +745,8 @@ fail:
 static PyMethodDef methods[] = {
     FASTCALL(first_round,
      "first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf, "
-     "picks_up_to, max_rounds, slots_out, pages_out, counts_out) -> (status, k, smallest, "
-     "used, "
-     "slots_out, pages_out)"),
+     "binomial_per_leaf, max_rounds, slots_out, pages_out, counts_out) -> (status, k, "
+     "smallest, used, slots_out, pages_out)"),
     FASTCALL(pick_counts,
      "pick_counts(uniforms, start, n, leaves, counts_out) -> (counts_out, the largest count)"),
     FASTCALL(even_counts,

@@ -11,7 +11,7 @@ def first_round(
     uniforms: Any,
     start: int,
     picks_per_leaf: int,
-    picks_up_to: int,
+    binomial_per_leaf: int,
     max_rounds: int,
     slots_out: Any,
     pages_out: Any,

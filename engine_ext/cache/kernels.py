@@ -11,19 +11,19 @@ fill the caller's; ``COMPILED`` says which are in use, and the tests check that 
 the same results.
 
 - ``first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf,
-  picks_up_to, max_rounds, slots_out, pages_out, counts_out) -> (status, k, smallest,
+  binomial_per_leaf, max_rounds, slots_out, pages_out, counts_out) -> (status, k, smallest,
   used, slots, pages)``: an eviction's common case at once. The candidates: the slots
   ``i < end`` with ``mark[i] < phase``, in order (``slots[:k]``), their sizes in pages
   (``size // page``; ``pages[:k]``) and the smallest of those (0 if none). Then, unless
-  ``leaf_sampling`` goes straight to the continuous-time draw, the first round drawn as
-  ``Draws`` draws it from its buffer, into ``counts_out[:k]``: ``need`` picks (fewer than
-  ``picks_per_leaf`` per leaf, or at most ``picks_up_to``) or else ``even_counts``,
-  ``used`` uniforms from ``start`` (if the buffer holds them). ``WHOLE``: no leaf
-  emptied, the counts are the whole draw (the caller consumes the ``used`` uniforms);
-  ``DRAW``: the caller draws, from these candidates (no uniform was consumed, ``used`` is
-  0); ``SHORT``: they hold fewer than ``need`` pages.
-  The numpy twin never says ``WHOLE``: the caller's own draw then runs, which is the same
-  draw (``tests/engine_ext/test_kernels.py``).
+  ``leaf_sampling`` goes straight to the continuous-time draw, the first round as
+  ``Draws`` draws it, into ``counts_out[:k]``: ``need`` buffered picks (fewer than
+  ``binomial_per_leaf`` per leaf, and no more than the buffer's length if at least
+  ``picks_per_leaf``), else ``even_counts``; ``used`` uniforms from ``start``, if what is
+  left of the buffer holds them. ``WHOLE``: no leaf emptied, the counts are the whole draw
+  (the caller consumes the ``used`` uniforms); ``DRAW``: the caller draws, from these
+  candidates (no uniform was consumed, ``used`` is 0); ``SHORT``: they hold fewer than
+  ``need`` pages. The numpy twin never says ``WHOLE``: the caller's own draw then runs,
+  which is the same draw (``tests/engine_ext/test_kernels.py``).
 - ``pick_counts(uniforms, start, n, leaves, counts_out) -> (counts, top)``: how many of the
   float64 ``uniforms[start:start + n]`` pick each leaf (``counts[:leaves]``), a pick being
   ``floor(u * leaves)``, and the largest count.
@@ -116,7 +116,7 @@ def numpy_first_round(
     uniforms: np.ndarray,
     start: int,
     picks_per_leaf: int,
-    picks_up_to: int,
+    binomial_per_leaf: int,
     max_rounds: int,
     slots_out: np.ndarray,
     pages_out: np.ndarray,
@@ -214,21 +214,35 @@ def _even_binomial(n: int, r: int, u: float) -> int:
     if u < cum:
         return m
     hi = lo = m
+    rm1 = r - 1
+    # Python's int / int is the correctly rounded quotient, as C's division of the same
+    # integers converted exactly (all below 2**53): the same ratios as ``_kernels.c``.
+    while hi < n and lo > 0 and f_hi > 0.0 and f_lo > 0.0:  # both sides open (most steps)
+        f_hi *= (n - hi) / ((hi + 1) * rm1)
+        hi += 1
+        cum += f_hi
+        if u < cum:
+            return hi
+        f_lo *= lo * rm1 / (n - lo + 1)
+        lo -= 1
+        cum += f_lo
+        if u < cum:
+            return lo
     while True:
         up = hi < n and f_hi > 0.0
         down = lo > 0 and f_lo > 0.0
         if not up and not down:
             return m
         if up:
-            f_hi = f_hi * (float(n - hi) / float((hi + 1) * (r - 1)))
+            f_hi *= (n - hi) / ((hi + 1) * rm1)
             hi += 1
-            cum = cum + f_hi
+            cum += f_hi
             if u < cum:
                 return hi
         if down:
-            f_lo = f_lo * (float(lo * (r - 1)) / float(n - lo + 1))
+            f_lo *= lo * rm1 / (n - lo + 1)
             lo -= 1
-            cum = cum + f_lo
+            cum += f_lo
             if u < cum:
                 return lo
 

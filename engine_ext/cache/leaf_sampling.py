@@ -61,12 +61,12 @@ _MAX_ROUNDS = 8
 # A cut round draws its picks as counts (one multinomial, O(leaves)) instead of one by one
 # (O(picks)) from this many picks per leaf on; the order is drawn only if a leaf empties.
 _MULTINOMIAL_PICKS_PER_LEAF = 8
-# A ``Draws`` counts a round's picks from its buffer when they are fewer than
-# ``_MULTINOMIAL_PICKS_PER_LEAF`` per leaf or at most this many, and otherwise draws the
-# counts as one binomial per leaf (``Draws.even_counts``): compiled, a pick costs ~1 ns and a
-# leaf's binomial ~0.1-0.2 us; in the numpy fallback, counting 4,096 picks (one bincount)
-# costs less than a few dozen binomials in Python.
-_COUNTED_PICKS = 4096
+# From this many picks per leaf (or beyond its buffer, with ``_MULTINOMIAL_PICKS_PER_LEAF``)
+# a ``Draws`` draws a round's counts as one binomial per leaf (``Draws.even_counts``) instead
+# of counting buffered picks: compiled, a pick costs ~1.2 ns and a leaf's binomial ~60-80
+# ns, so they cost the same around 64 picks per leaf. The numpy fallback's binomials are
+# plain Python, ~5 us a leaf, which a higher threshold keeps to few leaves.
+_BINOMIAL_PICKS_PER_LEAF = 128
 # Up to this many leaves, callers gather candidates and start the draw with Python lists
 # (``draw_first_round``): numpy's per-call cost outweighs its vector speed on so few. Not with
 # the compiled loops (``kernels``), which cost less than the lists at any size.
@@ -399,12 +399,12 @@ def _draw_picks(gen: np.random.Generator, leaves: int, need: int) -> Drawn:
     """``need`` picks uniform over ``leaves``: (counts per leaf, the picks in order, or None
     when they were drawn as counts only). A ``Draws`` serves the picks from its buffer,
     counted in one compiled loop, with a function that gives them in order if a leaf
-    empties, or with many picks per leaf (more than ``_COUNTED_PICKS``) draws the counts
-    themselves (``Draws.even_counts``); any other generator draws the picks, or with many
-    per leaf a multinomial."""
+    empties, or with very many picks per leaf (``_BINOMIAL_PICKS_PER_LEAF``, or many and
+    more than its buffer holds) draws the counts themselves (``Draws.even_counts``); any
+    other generator draws the picks, or with many per leaf a multinomial."""
     many = need >= _MULTINOMIAL_PICKS_PER_LEAF * leaves
     if isinstance(gen, Draws):
-        if many and need > _COUNTED_PICKS:
+        if need >= _BINOMIAL_PICKS_PER_LEAF * leaves or (many and need > gen._buffer):
             return gen.even_counts(need, leaves), None
         if need <= gen._buffer:
             counts, _, picks_in_order = gen.pick_counts(leaves, need)

@@ -32,7 +32,7 @@ import numpy as np
 
 from engine_ext.cache import kernels
 from engine_ext.cache.leaf_sampling import (
-    _COUNTED_PICKS,
+    _BINOMIAL_PICKS_PER_LEAF,
     _MAX_ROUNDS,
     _MULTINOMIAL_PICKS_PER_LEAF,
     FEW_LEAVES,
@@ -192,7 +192,7 @@ class RLTEviction:
         if short:
             self.new_phase()
         uniforms, start = gen.ahead()
-        rules = (_MULTINOMIAL_PICKS_PER_LEAF, _COUNTED_PICKS, _MAX_ROUNDS)
+        rules = (_MULTINOMIAL_PICKS_PER_LEAF, _BINOMIAL_PICKS_PER_LEAF, _MAX_ROUNDS)
         args = (self.cache.page_size, need, uniforms, start, *rules, *registry.scratch)
         mark, size, end = registry.mark, registry.size, len(registry.nodes)
         found = kernels.first_round(mark, size, end, self.phase, *args)

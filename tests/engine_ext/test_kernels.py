@@ -95,7 +95,7 @@ def test_first_round_gathers_the_candidates(
     for fn in both("first_round"):
         outs = [np.full(len(mark), -7, np.int64) for _ in range(3)]
         status, k, smallest, _, slots, pages = fn(
-            mark, size, end, phase, page, need, uniforms, 0, 8, 64, 8, *outs
+            mark, size, end, phase, page, need, uniforms, 0, 8, 128, 8, *outs
         )
         results.append(
             (status == kernels.SHORT, k, smallest, slots[:k].tolist(), pages[:k].tolist())
@@ -194,19 +194,19 @@ def test_the_compiled_loops_refuse_bad_input_before_writing() -> None:
         return np.zeros(4, np.int64), np.zeros(4, np.int64), np.zeros(4, np.int64)
 
     with pytest.raises(TypeError, match="mark: expected a one-dimensional int64 array"):
-        first_round(mark.astype(np.int32), size, 4, 1, 1, 2, u, 0, 8, 64, 8, *outs())
+        first_round(mark.astype(np.int32), size, 4, 1, 1, 2, u, 0, 8, 128, 8, *outs())
     frozen = np.zeros(4, np.int64)
     frozen.setflags(write=False)
     with pytest.raises(TypeError, match="slots_out: expected a writable"):
-        first_round(mark, size, 4, 1, 1, 2, u, 0, 8, 64, 8, frozen, out, out.copy())
+        first_round(mark, size, 4, 1, 1, 2, u, 0, 8, 128, 8, frozen, out, out.copy())
     with pytest.raises(TypeError, match="size: expected a"):
-        first_round(mark, np.zeros(8, np.int64)[::2], 4, 1, 1, 2, u, 0, 8, 64, 8, *outs())
+        first_round(mark, np.zeros(8, np.int64)[::2], 4, 1, 1, 2, u, 0, 8, 128, 8, *outs())
     with pytest.raises(ValueError, match="end: 5 is outside the arrays"):
-        first_round(mark, size, 5, 1, 1, 2, u, 0, 8, 64, 8, *outs())
+        first_round(mark, size, 5, 1, 1, 2, u, 0, 8, 128, 8, *outs())
     with pytest.raises(ValueError, match="start: 9 is outside the uniforms"):
-        first_round(mark, size, 4, 1, 1, 2, u, 9, 8, 64, 8, *outs())
+        first_round(mark, size, 4, 1, 1, 2, u, 9, 8, 128, 8, *outs())
     with pytest.raises(ValueError, match="page: must be >= 1"):
-        first_round(mark, size, 4, 1, 0, 2, u, 0, 8, 64, 8, *outs())
+        first_round(mark, size, 4, 1, 0, 2, u, 0, 8, 128, 8, *outs())
     with pytest.raises(TypeError, match=r"takes 14 arguments \(2 given\)"):
         first_round(mark, size)
     with pytest.raises(ValueError, match=r"uniforms\[1\] is not in \[0, 1\)"):
@@ -277,17 +277,17 @@ print("ok")
     st.sampled_from([1, 2]),
     st.integers(0, 2**32 - 1),
     st.integers(0, 500),
-    st.sampled_from([0, 60, leaf_sampling._COUNTED_PICKS]),
+    st.sampled_from([1, 16, leaf_sampling._BINOMIAL_PICKS_PER_LEAF]),
 )
 def test_first_round_is_the_draw_leaf_sampling_makes(
-    leaves: list[tuple[int, int]], need: int, page: int, seed: int, used: int, up_to: int
+    leaves: list[tuple[int, int]], need: int, page: int, seed: int, used: int, binomial: int
 ) -> None:
     """The compiled ``first_round`` says WHOLE exactly when ``leaf_sampling`` would draw a
     first round from ``Draws``' buffer (picks, or even counts with many picks per leaf)
     that empties no leaf, with the same counts from the same uniforms, and says how many
     uniforms that took; it gathers the same candidates as the numpy twin and consumes
-    nothing itself. ``up_to`` stands for ``_COUNTED_PICKS`` (small ones put these small
-    draws on the even-counts path)."""
+    nothing itself. ``binomial`` stands for ``_BINOMIAL_PICKS_PER_LEAF`` (small ones put
+    these small draws on the even-counts path)."""
     first_round = implementation("compiled", "first_round")
     phase = 2
     mark = np.array([m for m, _ in leaves], np.int64)
@@ -300,11 +300,11 @@ def test_first_round_is_the_draw_leaf_sampling_makes(
     counts = outs[2]
     status, k, smallest, took, slots, pages = first_round(
         mark, size, end, phase, page, need, uniforms, start,
-        leaf_sampling._MULTINOMIAL_PICKS_PER_LEAF, up_to, leaf_sampling._MAX_ROUNDS, *outs,
+        leaf_sampling._MULTINOMIAL_PICKS_PER_LEAF, binomial, leaf_sampling._MAX_ROUNDS, *outs,
     )  # fmt: skip
     assert draws.ahead() == (uniforms, start), "first_round consumes nothing itself"
     _, want_k, want_smallest, _, want_slots, want_pages = kernels.numpy_first_round(
-        mark, size, end, phase, page, need, uniforms, start, 8, up_to, 8, *outs
+        mark, size, end, phase, page, need, uniforms, start, 8, binomial, 8, *outs
     )
     assert (k, smallest) == (want_k, want_smallest)
     assert slots[:k].tolist() == want_slots.tolist()
@@ -313,10 +313,11 @@ def test_first_round_is_the_draw_leaf_sampling_makes(
     if total < need:
         assert status == kernels.SHORT
         return
-    with mock.patch.object(leaf_sampling, "_COUNTED_PICKS", up_to):
+    with mock.patch.object(leaf_sampling, "_BINOMIAL_PICKS_PER_LEAF", binomial):
         method, _, whole = leaf_sampling.draw_first_counts(pages[:k], need, draws, smallest)
     many = need >= leaf_sampling._MULTINOMIAL_PICKS_PER_LEAF * k
-    wanted = k - 1 if many and need > up_to else need  # the uniforms of the first round
+    counted = need < binomial * k and not (many and need > len(uniforms))
+    wanted = need if counted else k - 1  # the uniforms of the first round
     buffered = method != "continuous" and start + wanted <= len(uniforms)
     if buffered and whole is not None:
         assert status == kernels.WHOLE

@@ -184,10 +184,10 @@ def test_batched_sampler_matches_the_per_page_definition(
         (BIG, 18, "continuous", {"_SORT_GAP_RINGS": 3}),
         # Cut rounds whose picks come as counts (one binomial per leaf, ``Draws.even_counts``),
         # their order drawn only if a leaf empties; multinomial rounds drawn the same way.
-        (SMALL, 5, "cut", {"_MULTINOMIAL_PICKS_PER_LEAF": 0, "_COUNTED_PICKS": 0}),
-        (BIG, 12, "cut", {"_MULTINOMIAL_PICKS_PER_LEAF": 0, "_COUNTED_PICKS": 0}),
-        (BIG, 12, "multinomial", {"_COUNTED_PICKS": 0}),
-        (BIG, 12, None, {"_MULTINOMIAL_PICKS_PER_LEAF": 0, "_COUNTED_PICKS": 0}),
+        (SMALL, 5, "cut", {"_MULTINOMIAL_PICKS_PER_LEAF": 0, "_BINOMIAL_PICKS_PER_LEAF": 0}),
+        (BIG, 12, "cut", {"_MULTINOMIAL_PICKS_PER_LEAF": 0, "_BINOMIAL_PICKS_PER_LEAF": 0}),
+        (BIG, 12, "multinomial", {"_BINOMIAL_PICKS_PER_LEAF": 0}),
+        (BIG, 12, None, {"_MULTINOMIAL_PICKS_PER_LEAF": 0, "_BINOMIAL_PICKS_PER_LEAF": 0}),
     ],
     ids=[
         "small-9-stop",

@@ -250,15 +250,15 @@ def test_every_eviction_path_makes_the_same_draws(
 ) -> None:
     """The eviction paths (Python lists for a few leaves, numpy arrays, the compiled loops
     on them) consume the seeded generator the same way (as ``draw_leaf_counts`` would) and
-    end with the same trees; ``counted`` 0 draws every round of many picks per leaf as
-    binomial counts (``Draws.even_counts``), which otherwise takes more than 4,096 picks."""
+    end with the same trees; ``counted`` 0 draws every round's picks as binomial counts
+    (``Draws.even_counts``), which otherwise takes 128 picks per leaf."""
     from rlt_paths import use_path
 
     from engine_ext.cache import kernels
 
     if counted is not None:
-        monkeypatch.setattr("engine_ext.cache.leaf_sampling._COUNTED_PICKS", counted)
-        monkeypatch.setattr("engine_ext.cache.rlt._COUNTED_PICKS", counted)
+        monkeypatch.setattr("engine_ext.cache.leaf_sampling._BINOMIAL_PICKS_PER_LEAF", counted)
+        monkeypatch.setattr("engine_ext.cache.rlt._BINOMIAL_PICKS_PER_LEAF", counted)
 
     gen = np.random.default_rng(leaves)
     prefixes = [tuple(int(t) for t in gen.integers(1000, 2000, size=16)) for _ in range(3)]
