@@ -58,8 +58,10 @@ Drawn = tuple[np.ndarray, "np.ndarray | Callable[[], np.ndarray] | None"]
 # Rounds before the continuous-time draw takes over: a round costs a few vectorised calls and
 # ends at (at most) one emptying, so rounds pay off only while few leaves can empty.
 _MAX_ROUNDS = 8
-# A cut round draws its picks as counts (one multinomial, O(leaves)) instead of one by one
-# (O(picks)) from this many picks per leaf on; the order is drawn only if a leaf empties.
+# Many picks per leaf: from here ``_choose`` considers multinomial rounds, and a round's
+# picks may come as counts only (their order drawn only if a leaf empties): a plain numpy
+# generator then draws one multinomial (O(leaves)) instead of the picks (O(picks)); a
+# ``Draws`` counts its buffered picks, or draws binomials (``_BINOMIAL_PICKS_PER_LEAF``).
 _MULTINOMIAL_PICKS_PER_LEAF = 8
 # From this many picks per leaf (or beyond its buffer, with ``_MULTINOMIAL_PICKS_PER_LEAF``)
 # a ``Draws`` draws a round's counts as one binomial per leaf (``Draws.even_counts``) instead
@@ -248,7 +250,8 @@ def _choose(
     Takes an array or, for a handful of leaves, a list (the same rule without numpy calls,
     so that both make the same choice and hence the same draws); ``smallest`` is its
     minimum if the caller has it. ``_kernels.c``'s ``first_round`` applies the same rule
-    (for a first round of buffered picks) and must change with it: a test compares them."""
+    (and ``_draw_picks``' for the first round) and must change with them: a test compares
+    them."""
     leaves = len(remaining)
     if smallest is None:
         smallest = min(remaining) if isinstance(remaining, list) else int(np.min(remaining))
