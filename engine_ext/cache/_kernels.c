@@ -335,25 +335,41 @@ fail:
     return NULL;
 }
 
+/* The arguments (uniforms, start, n, leaves, counts_out) of pick_counts and even_counts:
+   the two arrays held in a[0] and a[1], n >= 0 and leaves in 1..len(counts_out); -1 with
+   an error set and nothing held otherwise. Each caller checks the uniforms it reads. */
+static int counts_args(PyObject *const *args, Py_ssize_t nargs, const char *fn, Arr *a,
+                       Py_ssize_t *start, Py_ssize_t *n, Py_ssize_t *leaves) {
+    if (check_args(nargs, 5, fn) < 0) return -1;
+    if (get_ssize(args[1], start, "start") < 0 || get_ssize(args[2], n, "n") < 0 ||
+        get_ssize(args[3], leaves, "leaves") < 0)
+        return -1;
+    if (*n < 0) {
+        PyErr_Format(PyExc_ValueError, "n: must be >= 0, got %zd", *n);
+        return -1;
+    }
+    if (get(args[0], &a[0], 0, 'f', "uniforms") < 0 ||
+        get(args[4], &a[1], 1, 'i', "counts_out") < 0)
+        goto fail;
+    if (*leaves < 1 || *leaves > length(&a[1])) {
+        PyErr_Format(PyExc_ValueError, "leaves: %zd is not in 1..len(counts_out)", *leaves);
+        goto fail;
+    }
+    return 0;
+fail:
+    release(a, 2);
+    return -1;
+}
+
 /* pick_counts(uniforms, start, n, leaves, counts_out) -> (counts_out, the largest count)
 
    count_picks() into counts_out[:leaves]. */
 static PyObject *pick_counts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (check_args(nargs, 5, "pick_counts") < 0) return NULL;
     Arr a[2];
     memset(a, 0, sizeof a);
     Py_ssize_t start, n, leaves;
-    if (get_ssize(args[1], &start, "start") < 0 || get_ssize(args[2], &n, "n") < 0 ||
-        get_ssize(args[3], &leaves, "leaves") < 0)
-        return NULL;
-    if (get(args[0], &a[0], 0, 'f', "uniforms") < 0 ||
-        get(args[4], &a[1], 1, 'i', "counts_out") < 0)
-        goto fail;
-    if (leaves < 1 || leaves > length(&a[1])) {
-        PyErr_Format(PyExc_ValueError, "leaves: %zd is not in 1..len(counts_out)", leaves);
-        goto fail;
-    }
-    if (start < 0 || n < 0 || start > length(&a[0]) - n) {
+    if (counts_args(args, nargs, "pick_counts", a, &start, &n, &leaves) < 0) return NULL;
+    if (start < 0 || start > length(&a[0]) - n) {
         PyErr_Format(PyExc_ValueError, "start, n: %zd, %zd are outside the uniforms", start, n);
         goto fail;
     }
@@ -374,21 +390,10 @@ fail:
    even_draw() into counts_out[:leaves]: n picks over `leaves` equal leaves, from the
    leaves - 1 uniforms from `start`. */
 static PyObject *even_counts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (check_args(nargs, 5, "even_counts") < 0) return NULL;
     Arr a[2];
     memset(a, 0, sizeof a);
     Py_ssize_t start, n, leaves;
-    if (get_ssize(args[1], &start, "start") < 0 || get_ssize(args[2], &n, "n") < 0 ||
-        get_ssize(args[3], &leaves, "leaves") < 0)
-        return NULL;
-    if (n < 0) return PyErr_Format(PyExc_ValueError, "n: must be >= 0, got %zd", n);
-    if (get(args[0], &a[0], 0, 'f', "uniforms") < 0 ||
-        get(args[4], &a[1], 1, 'i', "counts_out") < 0)
-        goto fail;
-    if (leaves < 1 || leaves > length(&a[1])) {
-        PyErr_Format(PyExc_ValueError, "leaves: %zd is not in 1..len(counts_out)", leaves);
-        goto fail;
-    }
+    if (counts_args(args, nargs, "even_counts", a, &start, &n, &leaves) < 0) return NULL;
     if (start < 0 || start > length(&a[0]) - (leaves - 1)) {
         PyErr_Format(PyExc_ValueError, "start, leaves: %zd, %zd are outside the uniforms",
                      start, leaves);
