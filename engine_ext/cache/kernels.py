@@ -217,17 +217,6 @@ def _even_binomial(n: int, r: int, u: float) -> int:
     rm1 = r - 1
     # Python's int / int is the correctly rounded quotient, as C's division of the same
     # integers converted exactly (all below 2**53): the same ratios as ``_kernels.c``.
-    while hi < n and lo > 0 and f_hi > 0.0 and f_lo > 0.0:  # both sides open (most steps)
-        f_hi *= (n - hi) / ((hi + 1) * rm1)
-        hi += 1
-        cum += f_hi
-        if u < cum:
-            return hi
-        f_lo *= lo * rm1 / (n - lo + 1)
-        lo -= 1
-        cum += f_lo
-        if u < cum:
-            return lo
     while True:
         up = hi < n and f_hi > 0.0
         down = lo > 0 and f_lo > 0.0
