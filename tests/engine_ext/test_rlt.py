@@ -243,22 +243,23 @@ def leaf_state(cache: RadixCache) -> list[tuple[int, int]]:
     return sorted((node.node_id, len(node.key)) for node in cache.leaves)
 
 
-@pytest.mark.parametrize("counted", [None, 0], ids=["picks", "even-counts"])
+@pytest.mark.parametrize("binomial_per_leaf", [None, 0], ids=["picks", "even-counts"])
 @pytest.mark.parametrize("leaves", [6, 24])
 def test_every_eviction_path_makes_the_same_draws(
-    leaves: int, counted: int | None, monkeypatch: pytest.MonkeyPatch
+    leaves: int, binomial_per_leaf: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The eviction paths (Python lists for a few leaves, numpy arrays, the compiled loops
     on them) consume the seeded generator the same way (as ``draw_leaf_counts`` would) and
-    end with the same trees; ``counted`` 0 draws every round's picks as binomial counts
-    (``Draws.even_counts``), which otherwise takes 128 picks per leaf."""
+    end with the same trees; ``binomial_per_leaf`` 0 draws every round's picks as binomial
+    counts (``Draws.even_counts``), which otherwise takes 128 picks per leaf."""
     from rlt_paths import use_path
 
     from engine_ext.cache import kernels
 
-    if counted is not None:
-        monkeypatch.setattr("engine_ext.cache.leaf_sampling._BINOMIAL_PICKS_PER_LEAF", counted)
-        monkeypatch.setattr("engine_ext.cache.rlt._BINOMIAL_PICKS_PER_LEAF", counted)
+    if binomial_per_leaf is not None:
+        for module in ("leaf_sampling", "rlt"):
+            name = f"engine_ext.cache.{module}._BINOMIAL_PICKS_PER_LEAF"
+            monkeypatch.setattr(name, binomial_per_leaf)
 
     gen = np.random.default_rng(leaves)
     prefixes = [tuple(int(t) for t in gen.integers(1000, 2000, size=16)) for _ in range(3)]
