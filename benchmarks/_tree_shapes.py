@@ -18,7 +18,18 @@ from _common import format_ratio, ratio
 
 from sim.tokens import random_tokens
 
-__all__ = ["SHAPES", "KeyBuilder", "chat_keys", "eviction_row", "gsp_keys", "longdoc_keys"]
+__all__ = [
+    "CHURN_FACTOR",
+    "CHURN_POOL",
+    "SHAPES",
+    "KeyBuilder",
+    "chat_keys",
+    "churn_keys",
+    "churn_row",
+    "eviction_row",
+    "gsp_keys",
+    "longdoc_keys",
+]
 
 KeyBuilder = Callable[[np.random.Generator, int], list[str]]
 
@@ -82,6 +93,77 @@ def longdoc_keys(gen: np.random.Generator, target: int) -> list[str]:
 
 
 SHAPES: dict[str, KeyBuilder] = {"gsp": gsp_keys, "chat": chat_keys, "longdoc": longdoc_keys}
+
+# The churn stream: requests drawn from a pool of keys this many times the cache's capacity,
+# until they add up to CHURN_FACTOR times it.
+CHURN_POOL = 2
+CHURN_FACTOR = 5
+
+
+def churn_keys(builder: KeyBuilder, gen: np.random.Generator, capacity: int) -> list[str]:
+    """A request stream that keeps a cache of ``capacity`` tokens full and evicting: keys of
+    one shape (a pool of ``CHURN_POOL`` times the capacity), drawn uniformly with
+    replacement until they hold ``CHURN_FACTOR`` times the capacity. A cache that serves it
+    evicts for most requests, in the state its own evictions left it in: for RLT, leaves
+    trimmed short, which empty often (a fresh tree has none)."""
+    pool = builder(gen, CHURN_POOL * capacity)
+    keys: list[str] = []
+    tokens = 0
+    while tokens < CHURN_FACTOR * capacity:
+        key = pool[int(gen.integers(len(pool)))]
+        keys.append(key)
+        tokens += len(key)
+    return keys
+
+
+def churn_row(
+    shape: str, samples: dict[str, list[dict[str, Any]]], target_ratio: float
+) -> dict[str, Any]:
+    """One shape's churn row: per policy, medians over repetitions of the evict calls'
+    total time per token freed, the calls and tokens freed, the stream's hit rate, and the
+    calls' p50 / p99 (pooled over repetitions); ``rlt`` over ``lru`` per token freed, the
+    paired ratios' quartiles, and whether it meets ``target_ratio``.
+
+    ``samples[policy]`` has one dict per repetition: ``call_ns`` (each evict call),
+    ``freed`` (tokens), ``hit_tokens`` and ``prompt_tokens`` (of the whole stream)."""
+    row: dict[str, Any] = {"shape": shape, "requests": samples["lru"][0]["requests"]}
+    per_token: dict[str, list[float]] = {}
+    for policy, runs in samples.items():
+        per_token[policy] = [sum(r["call_ns"]) / r["freed"] for r in runs if r["freed"]]
+        calls = sorted(ns for r in runs for ns in r["call_ns"])
+        row[f"{policy}_ns_per_token"] = round(statistics.median(per_token[policy]), 1)
+        row[f"{policy}_calls"] = int(statistics.median(len(r["call_ns"]) for r in runs))
+        row[f"{policy}_freed"] = int(statistics.median(r["freed"] for r in runs))
+        row[f"{policy}_total_ms"] = round(
+            statistics.median(sum(r["call_ns"]) for r in runs) / 1e6, 2
+        )
+        row[f"{policy}_call_p50_us"] = round(_quantile(calls, 0.5) / 1e3, 1)
+        row[f"{policy}_call_p99_us"] = round(_quantile(calls, 0.99) / 1e3, 1)
+        row[f"{policy}_hit_rate"] = round(
+            statistics.median(r["hit_tokens"] / r["prompt_tokens"] for r in runs), 4
+        )
+    rlt, lru = row["rlt_ns_per_token"], row["lru_ns_per_token"]
+    row["rlt_over_lru"] = ratio(rlt, lru)
+    row["rlt_over_lru_text"] = format_ratio(rlt, lru)
+    row["meets_target"] = "yes" if rlt <= target_ratio * lru else "no"
+    paired = [
+        (sum(rlt_run["call_ns"]) / rlt_run["freed"]) / (sum(lru_run["call_ns"]) / lru_run["freed"])
+        for rlt_run, lru_run in zip(samples["rlt"], samples["lru"], strict=True)
+        if rlt_run["freed"] and lru_run["freed"] and sum(lru_run["call_ns"])
+    ]
+    if len(paired) >= 2:
+        low, _, high = statistics.quantiles(paired, n=4, method="inclusive")
+        row["paired_ratio_text"] = f"{low:.2f}-{high:.2f}x"
+    else:
+        row["paired_ratio_text"] = "n/a"
+    return row
+
+
+def _quantile(ordered: list[int], q: float) -> float:
+    """The ``q`` quantile of a sorted, non-empty list (nearest rank)."""
+    if not ordered:
+        return 0.0
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
 def eviction_row(

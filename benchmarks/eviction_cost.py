@@ -10,6 +10,17 @@ so nothing is evicted while building; then one ``evict(n)`` call is timed with
 policies alternate (the order flips every repetition) and the garbage collector is off inside
 the timed call, as ``timeit`` does. Cost per token uses the tokens actually freed: leaf-LRU
 drops whole leaves, so it may free more than asked.
+
+Under churn (the second table). A fresh tree is the state a cache starts in, not the one it
+serves in: a serving cache is full and evicts for most requests, from the tree its own
+evictions left (for RLT, leaves trimmed short, which empty often; leaf-LRU has dropped
+whole leaves). Each shape's churn stream (``_tree_shapes.churn_keys``: requests drawn with
+replacement from keys worth twice the capacity, five capacities' worth in all) is served
+by a cache of ``TREE_TOKENS`` tokens as a scheduler does: match (the prefix is locked
+while the request allocates), evict what the new tokens need beyond the free room, insert,
+unlock. Every evict call is timed; the figure is the calls' total time per token they
+freed (median over repetitions, RLT seeded differently in each), with the calls' p50 and
+p99 and the stream's hit rate; the collector is off for the whole stream.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ from typing import Any
 import numpy as np
 from _common import base_parser, write_json
 from _tree_shapes import SHAPES as TREE_SHAPES
-from _tree_shapes import eviction_row
+from _tree_shapes import churn_keys, churn_row, eviction_row
 
 from engine_ext.cache import RadixCache
 from sim.report import markdown_table
@@ -87,6 +98,50 @@ def measure_point(
     return samples
 
 
+def replay(keys: Sequence[str], policy: str, capacity: int, seed: int) -> dict[str, Any]:
+    """Serve the churn stream ``keys`` (module docstring) with a cache of ``capacity``
+    tokens: every evict call's ns, the tokens freed, and the stream's hit and prompt
+    tokens."""
+    cache = RadixCache(capacity, policy, rng=random.Random(seed))
+    call_ns: list[int] = []
+    freed = hits = tokens = 0
+    clock = time.perf_counter_ns
+    gc.collect()
+    gc.disable()
+    try:
+        for key in keys:
+            match = cache.match_prefix(key)
+            cache.lock(match.node)  # the scheduler holds the prefix while it allocates
+            short = len(key) - match.length - cache.available_tokens
+            if short > 0:
+                started = clock()
+                freed += cache.evict(short)
+                call_ns.append(clock() - started)
+            cache.insert(key)
+            cache.unlock(match.node)
+            hits += match.length
+            tokens += len(key)
+    finally:
+        gc.enable()
+    cache.check_invariants()
+    return {
+        "requests": len(keys),
+        "call_ns": call_ns,
+        "freed": freed,
+        "hit_tokens": hits,
+        "prompt_tokens": tokens,
+    }
+
+
+def measure_churn(keys: Sequence[str], repeats: int) -> dict[str, list[dict[str, Any]]]:
+    """Per policy, one ``replay`` per repetition, policies interleaved."""
+    samples: dict[str, list[dict[str, Any]]] = {p: [] for p in POLICIES}
+    for rep in range(repeats):
+        for policy in POLICIES if rep % 2 == 0 else POLICIES[::-1]:
+            samples[policy].append(replay(keys, policy, TREE_TOKENS, seed=rep))
+    return samples
+
+
 def summarize_point(
     shape: str, tokens: int, samples: dict[str, dict[str, list[int]]]
 ) -> dict[str, Any]:
@@ -106,6 +161,23 @@ COLUMNS = (
     ("paired IQR", "paired_ratio_text", "{}"),
     (f"<= {TARGET_RATIO:g}x", "meets_target", "{}"),
 )
+CHURN_COLUMNS = (
+    ("shape", "shape", "{}"),
+    ("requests", "requests", "{:,}"),
+    ("lru hit", "lru_hit_rate", "{:.1%}"),
+    ("rlt hit", "rlt_hit_rate", "{:.1%}"),
+    ("lru calls", "lru_calls", "{:,}"),
+    ("rlt calls", "rlt_calls", "{:,}"),
+    ("lru freed", "lru_freed", "{:,}"),
+    ("rlt freed", "rlt_freed", "{:,}"),
+    ("lru call p50/p99 us", "lru_calls_text", "{}"),
+    ("rlt call p50/p99 us", "rlt_calls_text", "{}"),
+    ("lru ns/token", "lru_ns_per_token", "{:.0f}"),
+    ("rlt ns/token", "rlt_ns_per_token", "{:.0f}"),
+    ("rlt/lru", "rlt_over_lru_text", "{}"),
+    ("paired IQR", "paired_ratio_text", "{}"),
+    (f"<= {TARGET_RATIO:g}x", "meets_target", "{}"),
+)
 SHAPE_COLUMNS = (
     ("shape", "shape", "{}"),
     ("tokens", "tokens", "{:,}"),
@@ -119,13 +191,20 @@ SHAPE_COLUMNS = (
 def main(argv: Sequence[str] | None = None) -> int:
     parser = base_parser(NAME, __doc__)
     parser.add_argument("--repeats", type=int, default=None, help="default 41 (7 with --quick)")
+    parser.add_argument(
+        "--churn-repeats", type=int, default=None, help="default 7 (2 with --quick)"
+    )
     args = parser.parse_args(argv)
     repeats = args.repeats or (7 if args.quick else 41)
+    churn_repeats = args.churn_repeats or (2 if args.quick else 7)
     if repeats < 1:
         parser.error("--repeats must be >= 1")
+    if churn_repeats < 1:
+        parser.error("--churn-repeats must be >= 1")
     started = time.perf_counter()
     shapes: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
+    churn: list[dict[str, Any]] = []
     for shape, builder in SHAPES.items():
         keys = builder(np.random.default_rng(SEED), TREE_TOKENS)
         stats = tree_stats(keys)
@@ -135,6 +214,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(
                 summarize_point(shape, tokens, measure_point(keys, capacity, tokens, repeats))
             )
+        stream = churn_keys(builder, np.random.default_rng(SEED), TREE_TOKENS)
+        churn.append(churn_row(shape, measure_churn(stream, churn_repeats), TARGET_RATIO))
+    for row in churn:
+        for policy in POLICIES:
+            p50, p99 = row[f"{policy}_call_p50_us"], row[f"{policy}_call_p99_us"]
+            row[f"{policy}_calls_text"] = f"{p50:.0f} / {p99:.0f}"
     wall_s = time.perf_counter() - started
 
     print("## Eviction cost per evicted token, rlt vs lru (one evict call on a fresh tree)\n")
@@ -143,7 +228,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     held = sum(1 for r in rows if r["meets_target"] == "yes")
     print(
         f"rlt <= {TARGET_RATIO:g}x lru per token at {held} of {len(rows)} points; "
-        f"median of {repeats} repeats per point; {wall_s:.1f} s wall"
+        f"median of {repeats} repeats per point\n"
+    )
+    print(
+        f"## Under churn: a full {TREE_TOKENS:,}-token cache serving each shape's stream "
+        "(every evict call timed)\n"
+    )
+    print(markdown_table(churn, CHURN_COLUMNS) + "\n")
+    held = sum(1 for r in churn if r["meets_target"] == "yes")
+    print(
+        f"rlt <= {TARGET_RATIO:g}x lru per token freed under churn for {held} of "
+        f"{len(churn)} shapes; median of {churn_repeats} streams; {wall_s:.1f} s wall"
     )
     sys.stdout.flush()
     path = write_json(
@@ -152,10 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         {
             "quick": args.quick,
             "repeats": repeats,
+            "churn_repeats": churn_repeats,
             "target_ratio": TARGET_RATIO,
             "wall_s": round(wall_s, 3),
             "shapes": shapes,
             "rows": rows,
+            "churn": churn,
         },
     )
     print(f"figures written to {path}", file=sys.stderr)

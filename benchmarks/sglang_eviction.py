@@ -35,6 +35,16 @@ throwaway tree: only the cost counts). Where that floor alone costs more per tok
 whole call (``floor/lru`` above 1x), no eviction that frees exactly what is asked meets
 ``rlt <= lru`` there, however its own steps are written.
 
+Under churn (the third table). A fresh tree is the state a cache starts in, not the one it
+serves in: each shape's churn stream (``_tree_shapes.churn_keys``: requests drawn with
+replacement from keys worth twice the capacity, five capacities' worth in all) is served
+by a cache of ``TREE_TOKENS`` tokens (its KV pool that size) as SGLang's scheduler does:
+match, lock the prefix, evict the tokens the request's new part needs beyond the pool's
+free room, allocate, insert, unlock. Every evict call is timed (CPU ns on a CPU pool); the
+figure is their total per token freed (median over repetitions, RLT seeded differently in
+each), with the calls' p50 and p99 and the stream's hit rate. RLT's trims leave short
+leaves, which empty often: a fresh tree has none, so only this table times that path.
+
 Tree building. Every build is timed too (CPU time of its matches, allocations and inserts):
 the ``rlt`` backend marks paths and keeps its leaf registry and arena up to date on every
 match and insert, and the second table compares that with SGLang's own tree per request.
@@ -62,7 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import base_parser, format_ratio, ratio, write_json
 from _tree_shapes import SHAPES as TREE_SHAPES
-from _tree_shapes import KeyBuilder, eviction_row
+from _tree_shapes import KeyBuilder, churn_keys, churn_row, eviction_row
 
 from engine_ext.cache.keys import key_to_ids
 from engine_ext.sglang_rlt import RLTRadixCache
@@ -119,18 +129,23 @@ def make_pool(kind: str, size: int, device: str = "cpu") -> Any:
 
 
 # -- building and timing --------------------------------------------------------------------------
-def build(
-    keys: Sequence[Ids], policy: str, capacity: int, seed: int, pool: str, device: str = "cpu"
-) -> RadixCache:
-    allocator = make_pool(pool, capacity, device)
+def make_cache(policy: str, capacity: int, seed: int, pool: str, device: str = "cpu") -> RadixCache:
+    """An empty cache of ``policy`` over a KV pool of ``capacity`` tokens."""
     params = CacheInitParams(
         disable=False,
         req_to_token_pool=None,
-        token_to_kv_pool_allocator=allocator,
+        token_to_kv_pool_allocator=make_pool(pool, capacity, device),
         page_size=1,
         eviction_policy="lru",
     )
-    cache = RLTRadixCache(params, seed=seed) if policy == "rlt" else RadixCache(params)
+    return RLTRadixCache(params, seed=seed) if policy == "rlt" else RadixCache(params)
+
+
+def build(
+    keys: Sequence[Ids], policy: str, capacity: int, seed: int, pool: str, device: str = "cpu"
+) -> RadixCache:
+    cache = make_cache(policy, capacity, seed, pool, device)
+    allocator = cache.token_to_kv_pool_allocator
     for ids in keys:
         match = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", ids))))
         fresh = allocator.alloc(len(ids) - match.device_prefix_len)
@@ -154,13 +169,17 @@ def tree_stats(keys: Sequence[Ids], pool: str, device: str = "cpu") -> dict[str,
     }
 
 
-def timed(call: Callable[[], Any], cuda: bool = False) -> tuple[int, int, Any]:
-    """CPU ns and wall ns of ``call()``, run right after a collection with the collector
-    off, and what it returned; with ``cuda`` the wall time runs from a synchronized start to
-    the end of the queued work."""
-    gc.collect()
+def timed(
+    call: Callable[[], Any], cuda: bool = False, collect: bool = True
+) -> tuple[int, int, Any]:
+    """CPU ns and wall ns of ``call()``, run with the collector off (right after a
+    collection, unless ``collect`` is False), and what it returned; with ``cuda`` the wall
+    time runs from a synchronized start to the end of the queued work."""
+    if collect:
+        gc.collect()
     if cuda:
         torch.cuda.synchronize()
+    enabled = gc.isenabled()
     gc.disable()
     try:
         wall, cpu = time.perf_counter_ns(), time.process_time_ns()
@@ -169,13 +188,17 @@ def timed(call: Callable[[], Any], cuda: bool = False) -> tuple[int, int, Any]:
             torch.cuda.synchronize()
         cpu, wall = time.process_time_ns() - cpu, time.perf_counter_ns() - wall
     finally:
-        gc.enable()
+        if enabled:
+            gc.enable()
     return cpu, wall, out
 
 
-def timed_evict(cache: RadixCache, tokens: int, cuda: bool = False) -> tuple[int, int, int]:
+def timed_evict(
+    cache: RadixCache, tokens: int, cuda: bool = False, collect: bool = True
+) -> tuple[int, int, int]:
     """CPU ns and wall ns of one ``evict(tokens)`` call, and the tokens it freed."""
-    cpu, wall, result = timed(lambda: cache.evict(EvictParams(num_tokens=tokens)), cuda)
+    evict = cache.evict
+    cpu, wall, result = timed(lambda: evict(EvictParams(num_tokens=tokens)), cuda, collect)
     return cpu, wall, int(result.num_tokens_evicted)
 
 
@@ -232,6 +255,59 @@ def measure_point(
     return samples
 
 
+def replay(
+    keys: Sequence[Ids], cache: RadixCache, capacity: int, cuda: bool = False
+) -> dict[str, Any]:
+    """Serve the churn stream ``keys`` (module docstring) with ``cache``, whose KV pool
+    holds ``capacity`` tokens: every evict call's ns (CPU ns, or synchronized wall ns with
+    ``cuda``), the tokens freed, and the stream's hit and prompt tokens."""
+    allocator = cache.token_to_kv_pool_allocator
+    call_ns: list[int] = []
+    freed = hits = tokens = 0
+    for ids in keys:
+        match = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", ids))))
+        node = match.last_device_node
+        cache.inc_lock_ref(node)  # the scheduler holds the prefix while it allocates
+        need = len(ids) - match.device_prefix_len
+        # the pool's free room: every index it handed out is in the tree
+        room = capacity - cache.evictable_size() - cache.protected_size()
+        if need > room:
+            cpu, wall, got = timed_evict(cache, need - room, cuda, collect=False)
+            call_ns.append(wall if cuda else cpu)
+            freed += got
+        fresh = allocator.alloc(need)
+        value = torch.cat([cache.path_device_indices(node), fresh])
+        cache.insert(InsertParams(key=RadixKey(array("q", ids)), value=value))
+        cache.dec_lock_ref(node)
+        hits += match.device_prefix_len
+        tokens += len(ids)
+    return {
+        "requests": len(keys),
+        "call_ns": call_ns,
+        "freed": freed,
+        "hit_tokens": hits,
+        "prompt_tokens": tokens,
+    }
+
+
+def measure_churn(
+    keys: Sequence[Ids], repeats: int, pool: str, device: str = "cpu"
+) -> dict[str, list[dict[str, Any]]]:
+    """Per policy, one ``replay`` per repetition, policies interleaved; the collector is off
+    for each whole stream (collected before it)."""
+    samples: dict[str, list[dict[str, Any]]] = {p: [] for p in POLICIES}
+    for rep in range(repeats):
+        for policy in POLICIES if rep % 2 == 0 else POLICIES[::-1]:
+            gc.collect()
+            gc.disable()
+            try:
+                cache = make_cache(policy, TREE_TOKENS, rep, pool, device)
+                samples[policy].append(replay(keys, cache, TREE_TOKENS, device != "cpu"))
+            finally:
+                gc.enable()
+    return samples
+
+
 def summarize_point(
     shape: str, tokens: int, samples: dict[str, dict[str, list[int]]]
 ) -> dict[str, Any]:
@@ -285,6 +361,23 @@ BUILD_COLUMNS = (
     ("rlt us/request", "rlt_us_per_request", "{:.0f}"),
     ("rlt/lru (paired median)", "rlt_over_lru_text", "{}"),
 )
+CHURN_COLUMNS = (
+    ("shape", "shape", "{}"),
+    ("requests", "requests", "{:,}"),
+    ("lru hit", "lru_hit_rate", "{:.1%}"),
+    ("rlt hit", "rlt_hit_rate", "{:.1%}"),
+    ("lru calls", "lru_calls", "{:,}"),
+    ("rlt calls", "rlt_calls", "{:,}"),
+    ("lru freed", "lru_freed", "{:,}"),
+    ("rlt freed", "rlt_freed", "{:,}"),
+    ("lru call p50/p99 us", "lru_calls_text", "{}"),
+    ("rlt call p50/p99 us", "rlt_calls_text", "{}"),
+    ("lru ns/token", "lru_ns_per_token", "{:.0f}"),
+    ("rlt ns/token", "rlt_ns_per_token", "{:.0f}"),
+    ("rlt/lru", "rlt_over_lru_text", "{}"),
+    ("paired IQR", "paired_ratio_text", "{}"),
+    ("rlt <= lru", "meets_target", "{}"),
+)
 SHAPE_COLUMNS = (
     ("shape", "shape", "{}"),
     ("tokens", "tokens", "{:,}"),
@@ -315,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"repetitions that also time the pool floor (default {FLOOR_REPEATS}; >= 1)",
     )
     parser.add_argument(
+        "--churn-repeats", type=int, default=None, help="default 5 (2 with --quick)"
+    )
+    parser.add_argument(
         "--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES), help="tree shapes"
     )
     parser.add_argument(
@@ -331,6 +427,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--repeats must be >= 1")
     if args.floor_repeats < 1:
         parser.error("--floor-repeats must be >= 1")
+    churn_repeats = args.churn_repeats or (2 if args.quick else 5)
+    if churn_repeats < 1:
+        parser.error("--churn-repeats must be >= 1")
     device = args.device
     if device != "cpu":
         if not device.startswith("cuda"):
@@ -342,6 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shapes: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     builds: list[dict[str, Any]] = []
+    churn: list[dict[str, Any]] = []
     for shape in args.shapes:
         keys = SHAPES[shape](np.random.default_rng(SEED), TREE_TOKENS)
         stats = tree_stats(keys, args.pool, device)
@@ -356,6 +456,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             for policy in POLICIES:
                 build_ns[policy].extend(samples[policy]["build_ns"])
         builds.append(build_row(shape, len(keys), build_ns))
+        stream = churn_keys(TREE_SHAPES[shape], np.random.default_rng(SEED), TREE_TOKENS)
+        samples_churn = measure_churn(
+            [key_to_ids(key) for key in stream], churn_repeats, args.pool, device
+        )
+        churn.append(churn_row(shape, samples_churn, TARGET_RATIO))
+    for row in churn:
+        for policy in POLICIES:
+            p50, p99 = row[f"{policy}_call_p50_us"], row[f"{policy}_call_p99_us"]
+            row[f"{policy}_calls_text"] = f"{p50:.0f} / {p99:.0f}"
     wall_s = time.perf_counter() - started
 
     version = _sglang_version()
@@ -366,6 +475,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(markdown_table(shapes, SHAPE_COLUMNS) + "\n")
     print(markdown_table(rows, columns(device)) + "\n")
+    print(
+        f"Under churn: a full {TREE_TOKENS:,}-token cache serving each shape's stream "
+        f"(every evict call, {'CPU' if device == 'cpu' else 'wall'} time):\n"
+    )
+    print(markdown_table(churn, CHURN_COLUMNS) + "\n")
     print("Tree building, CPU time of match + allocate + insert per request:\n")
     print(markdown_table(builds, BUILD_COLUMNS) + "\n")
     held = sum(1 for r in rows if r["meets_target"] == "yes")
@@ -374,7 +488,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"rlt <= lru per evicted token at {held} of {len(rows)} points; "
         f"median of {repeats} repeats per point; {wall_s:.1f} s wall\n"
         f"the pool floor alone costs more per token than lru at {beyond} of {len(rows)} "
-        f"points (median of {min(repeats, args.floor_repeats)} repeats)"
+        f"points (median of {min(repeats, args.floor_repeats)} repeats)\n"
+        f"under churn, rlt <= lru per token freed for "
+        f"{sum(1 for r in churn if r['meets_target'] == 'yes')} of {len(churn)} shapes "
+        f"(median of {churn_repeats} streams)"
     )
     sys.stdout.flush()
     path = write_json(
@@ -392,6 +509,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "target_ratio": TARGET_RATIO,
             "floor_repeats": min(repeats, args.floor_repeats),
             "builds": builds,
+            "churn_repeats": churn_repeats,
+            "churn": churn,
             "wall_s": round(wall_s, 3),
             "shapes": shapes,
             "rows": rows,

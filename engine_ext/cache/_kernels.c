@@ -229,7 +229,7 @@ static int even_draw(const double *uniforms, Py_ssize_t start, int64_t n, Py_ssi
 }
 
 /* first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf,
-               binomial_per_leaf, max_rounds, slots_out, pages_out, counts_out)
+               binomial_per_leaf, max_rounds, step_pages, slots_out, pages_out, counts_out)
    -> (status, k, smallest, used, slots_out, pages_out)
 
    An eviction's common case in one call. The candidates: the slots i < end with
@@ -239,30 +239,35 @@ static int even_draw(const double *uniforms, Py_ssize_t start, int64_t n, Py_ssi
    into counts_out[:k], drawn from the uniforms from `start` as leaf_sampling's
    _draw_picks draws them with a Draws: `need` buffered picks (fewer than binomial_per_leaf
    per leaf, and if more than picks_per_leaf, no more than the whole buffer: the uniforms'
-   length) or else even_draw()'s counts (k - 1 uniforms); `used` is how many uniforms that
-   takes (what is left of the buffer must hold them, else the caller draws). Status 0:
-   no leaf emptied, so the counts are the whole draw (the caller consumes `used`
-   uniforms); 1: the caller draws, from the candidates gathered here (no uniform was
-   consumed; `used` is 0); 2: the candidates hold fewer than `need` pages (a new phase is
-   due). The rules are leaf_sampling's _choose and _draw_picks. */
+   length) or else even_draw()'s counts (k - 1 uniforms); buffered picks always where
+   leaf_sampling draws page by page (need at most step_pages and the buffer's length, a
+   leaf may empty, and one is likely to); `used` is how many uniforms that takes (what is
+   left of the buffer must hold them, else the caller draws). Status 0: no leaf emptied,
+   so the counts are the whole draw (the caller consumes `used` uniforms); 3: a leaf
+   emptied in the picks of a page-by-page draw, which the caller runs from `start`
+   (steps()); 1: the caller draws, from the candidates gathered here (for 1 and 3 no
+   uniform was consumed; `used` is 0); 2: the candidates hold fewer than `need` pages (a
+   new phase is due). The rules are leaf_sampling's _choose and _draw_picks. */
 static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (check_args(nargs, 14, "first_round") < 0) return NULL;
+    if (check_args(nargs, 15, "first_round") < 0) return NULL;
     Arr a[6];
     memset(a, 0, sizeof a);
-    Py_ssize_t end, phase, page, need, start, per_leaf, binomial_per_leaf, max_rounds;
+    Py_ssize_t end, phase, page, need, start, per_leaf, binomial_per_leaf, max_rounds,
+        step_pages;
     if (get_ssize(args[2], &end, "end") < 0 || get_ssize(args[3], &phase, "phase") < 0 ||
         get_ssize(args[4], &page, "page") < 0 || get_ssize(args[5], &need, "need") < 0 ||
         get_ssize(args[7], &start, "start") < 0 ||
         get_ssize(args[8], &per_leaf, "picks_per_leaf") < 0 ||
         get_ssize(args[9], &binomial_per_leaf, "binomial_per_leaf") < 0 ||
-        get_ssize(args[10], &max_rounds, "max_rounds") < 0)
+        get_ssize(args[10], &max_rounds, "max_rounds") < 0 ||
+        get_ssize(args[11], &step_pages, "step_pages") < 0)
         return NULL;
     if (page < 1) return PyErr_Format(PyExc_ValueError, "page: must be >= 1, got %zd", page);
     if (get(args[0], &a[0], 0, 'i', "mark") < 0 || get(args[1], &a[1], 0, 'i', "size") < 0 ||
         get(args[6], &a[2], 0, 'f', "uniforms") < 0 ||
-        get(args[11], &a[3], 1, 'i', "slots_out") < 0 ||
-        get(args[12], &a[4], 1, 'i', "pages_out") < 0 ||
-        get(args[13], &a[5], 1, 'i', "counts_out") < 0)
+        get(args[12], &a[3], 1, 'i', "slots_out") < 0 ||
+        get(args[13], &a[4], 1, 'i', "pages_out") < 0 ||
+        get(args[14], &a[5], 1, 'i', "counts_out") < 0)
         goto fail;
     if (end < 0 || end > length(&a[0]) || end > length(&a[1]) || end > length(&a[3]) ||
         end > length(&a[4]) || end > length(&a[5])) {
@@ -295,10 +300,15 @@ static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t n
         int continuous = 0, drawn = 0, many = need >= per_leaf * k; /* picks per leaf */
         /* buffered picks, else even_draw() */
         int counted = need < binomial_per_leaf * k && !(many && need > length(&a[2]));
-        if (need > smallest && !(many && need <= smallest * max_rounds)) {
+        double mean = (double)need / (double)k;
+        double bound = mean + 3.0 * sqrt(mean) + 1.0;
+        /* _choose: a leaf may empty and one is likely to, in few enough pages */
+        int stepwise = need > smallest && need <= step_pages && need <= length(&a[2]) &&
+                       !((double)smallest > bound);
+        if (stepwise) {
+            counted = 1;
+        } else if (need > smallest && !(many && need <= smallest * max_rounds)) {
             /* _choose: a leaf may empty, and not the multinomial rounds' case */
-            double mean = (double)need / (double)k;
-            double bound = mean + 3.0 * sqrt(mean) + 1.0;
             if (!((double)smallest > bound)) {
                 Py_ssize_t likely = 0;
                 for (Py_ssize_t i = 0; i < k; i++) likely += (double)pages[i] <= bound;
@@ -320,7 +330,8 @@ static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t n
             status = 0;
             for (Py_ssize_t i = 0; i < k; i++) {
                 if (counts[i] >= pages[i]) {
-                    status = 1; /* a leaf empties: the caller's draw goes on from here */
+                    /* a leaf empties: the caller's draw goes on from here */
+                    status = stepwise ? 3 : 1;
                     used = 0;
                     break;
                 }
@@ -328,8 +339,8 @@ static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t n
         }
     }
     release(a, 6);
-    return Py_BuildValue("(inLnOO)", status, k, (long long)smallest, used, args[11],
-                         args[12]);
+    return Py_BuildValue("(inLnOO)", status, k, (long long)smallest, used, args[12],
+                         args[13]);
 fail:
     release(a, 6);
     return NULL;
@@ -406,6 +417,142 @@ static PyObject *even_counts(PyObject *self, PyObject *const *args, Py_ssize_t n
 fail:
     release(a, 2);
     return NULL;
+}
+
+/* steps(uniforms, start, need, pages, k, parent_joins, taken_out)
+   -> (taken_out, used, emptied, joined_taken)
+
+   RLT's draw by its definition, one page at a time. The k candidates (labels 0 .. k - 1,
+   pages[i] >= 1 pages each) are the active leaves, in order. Each pick is floor(u *
+   active) of the next uniform from `start`, the active leaf at that position loses a page;
+   a leaf that empties leaves the order (the others keep theirs), its label goes to
+   `emptied`, and parent_joins(label) (an int or None) may add its parent with that many
+   pages at the end of the order, as label k, k + 1, ... Stops after `need` picks or when
+   no leaf is left. taken_out[:k] = pages taken per candidate; joined_taken = pages taken
+   per joined parent, a list; `used` = picks made (uniforms used). The active count never
+   exceeds k (a parent joins only in place of its emptied child). */
+static PyObject *steps(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_args(nargs, 7, "steps") < 0) return NULL;
+    Arr a[3];
+    memset(a, 0, sizeof a);
+    PyObject *out = NULL;
+    Py_ssize_t start, need, k;
+    if (get_ssize(args[1], &start, "start") < 0 || get_ssize(args[2], &need, "need") < 0 ||
+        get_ssize(args[4], &k, "k") < 0)
+        return NULL;
+    PyObject *joins = args[5];
+    if (!PyCallable_Check(joins)) {
+        PyErr_SetString(PyExc_TypeError, "parent_joins: expected a callable");
+        return NULL;
+    }
+    if (get(args[0], &a[0], 0, 'f', "uniforms") < 0 || get(args[3], &a[1], 0, 'i', "pages") < 0 ||
+        get(args[6], &a[2], 1, 'i', "taken_out") < 0)
+        goto fail;
+    if (k < 0 || k > length(&a[1]) || k > length(&a[2])) {
+        PyErr_Format(PyExc_ValueError, "k: %zd is outside the arrays", k);
+        goto fail;
+    }
+    if (need < 0 || start < 0 || start > length(&a[0]) - need) {
+        PyErr_Format(PyExc_ValueError, "start, need: %zd, %zd are outside the uniforms", start,
+                     need);
+        goto fail;
+    }
+    const int64_t *pages = a[1].view.buf;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (pages[i] < 1) {
+            PyErr_Format(PyExc_ValueError, "pages[%zd] = %lld: every candidate must hold a "
+                         "page", i, (long long)pages[i]);
+            goto fail;
+        }
+    }
+    int64_t *taken = a[2].view.buf;
+    const double *u = (const double *)a[0].view.buf + start;
+    /* the active leaves: label and pages left; joined parents' takings grow as they join */
+    int64_t *label = PyMem_Malloc((size_t)(k ? k : 1) * sizeof(int64_t));
+    int64_t *left = PyMem_Malloc((size_t)(k ? k : 1) * sizeof(int64_t));
+    int64_t *joined = NULL;
+    Py_ssize_t joined_n = 0, joined_cap = 0;
+    PyObject *emptied = PyList_New(0);
+    if (label == NULL || left == NULL || emptied == NULL) {
+        if (emptied != NULL) PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        label[i] = i;
+        left[i] = pages[i];
+        taken[i] = 0;
+    }
+    Py_ssize_t active = k, used = 0;
+    while (used < need && active > 0) {
+        double x = u[used] * (double)active;
+        if (!(x >= 0.0 && x < (double)active)) {
+            PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)", start + used);
+            goto done;
+        }
+        used++;
+        Py_ssize_t j = (Py_ssize_t)x;
+        int64_t who = label[j];
+        if (who < k) taken[who]++;
+        else joined[who - k]++;
+        if (--left[j] > 0) continue;
+        /* leaf `who` emptied: out of the order, then its parent may join at the end */
+        PyObject *who_obj = PyLong_FromLongLong((long long)who);
+        if (who_obj == NULL || PyList_Append(emptied, who_obj) < 0) {
+            Py_XDECREF(who_obj);
+            goto done;
+        }
+        active--;
+        memmove(label + j, label + j + 1, (size_t)(active - j) * sizeof(int64_t));
+        memmove(left + j, left + j + 1, (size_t)(active - j) * sizeof(int64_t));
+        PyObject *got = PyObject_CallOneArg(joins, who_obj);
+        Py_DECREF(who_obj);
+        if (got == NULL) goto done;
+        long long parent_pages = 0;
+        if (got != Py_None) {
+            parent_pages = PyLong_AsLongLong(got);
+            if (parent_pages == -1 && PyErr_Occurred()) {
+                Py_DECREF(got);
+                PyErr_SetString(PyExc_TypeError, "parent_joins: must return an int or None");
+                goto done;
+            }
+        }
+        Py_DECREF(got);
+        if (parent_pages <= 0) continue;
+        if (joined_n == joined_cap) {
+            Py_ssize_t cap = joined_cap ? 2 * joined_cap : 16;
+            int64_t *grown = PyMem_Realloc(joined, (size_t)cap * sizeof(int64_t));
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            joined = grown;
+            joined_cap = cap;
+        }
+        joined[joined_n] = 0;
+        label[active] = k + joined_n;
+        left[active] = parent_pages;
+        joined_n++;
+        active++;
+    }
+    PyObject *joined_list = PyList_New(joined_n);
+    if (joined_list == NULL) goto done;
+    for (Py_ssize_t i = 0; i < joined_n; i++) {
+        PyObject *v = PyLong_FromLongLong((long long)joined[i]);
+        if (v == NULL) {
+            Py_DECREF(joined_list);
+            goto done;
+        }
+        PyList_SET_ITEM(joined_list, i, v);
+    }
+    out = Py_BuildValue("(OnON)", args[6], used, emptied, joined_list);
+done:
+    PyMem_Free(label);
+    PyMem_Free(left);
+    PyMem_Free(joined);
+    Py_XDECREF(emptied);
+fail:
+    release(a, 3);
+    return out;
 }
 
 /* bridge_params(start, end, size, lo, hi, t_lo, t_hi, t, n_out, p_out) -> (n_out, p_out)
@@ -750,12 +897,16 @@ fail:
 static PyMethodDef methods[] = {
     FASTCALL(first_round,
      "first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf, "
-     "binomial_per_leaf, max_rounds, slots_out, pages_out, counts_out) -> (status, k, "
+     "binomial_per_leaf, max_rounds, step_pages, slots_out, pages_out, counts_out) -> "
+     "(status, k, "
      "smallest, used, slots_out, pages_out)"),
     FASTCALL(pick_counts,
      "pick_counts(uniforms, start, n, leaves, counts_out) -> (counts_out, the largest count)"),
     FASTCALL(even_counts,
      "even_counts(uniforms, start, n, leaves, counts_out) -> counts_out"),
+    FASTCALL(steps,
+     "steps(uniforms, start, need, pages, k, parent_joins, taken_out) -> (taken_out, used, "
+     "emptied, joined_taken)"),
     FASTCALL(bridge_params,
      "bridge_params(start, end, size, lo, hi, t_lo, t_hi, t, n_out, p_out) -> (n_out, p_out)"),
     FASTCALL(bridge_finish,

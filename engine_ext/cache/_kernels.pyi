@@ -1,4 +1,5 @@
 # Types of the compiled loops (_kernels.c); engine_ext/cache/kernels.py documents them.
+from collections.abc import Callable
 from typing import Any
 
 def first_round(
@@ -13,6 +14,7 @@ def first_round(
     picks_per_leaf: int,
     binomial_per_leaf: int,
     max_rounds: int,
+    step_pages: int,
     slots_out: Any,
     pages_out: Any,
     counts_out: Any,
@@ -21,6 +23,16 @@ def first_round(
 def pick_counts(
     uniforms: Any, start: int, n: int, leaves: int, counts_out: Any, /
 ) -> tuple[Any, int]: ...
+def steps(
+    uniforms: Any,
+    start: int,
+    need: int,
+    pages: Any,
+    k: int,
+    parent_joins: Callable[[int], int | None],
+    taken_out: Any,
+    /,
+) -> tuple[Any, int, list[int], list[int]]: ...
 def even_counts(uniforms: Any, start: int, n: int, leaves: int, counts_out: Any, /) -> Any: ...
 def bridge_params(
     start: Any,

@@ -11,19 +11,32 @@ fill the caller's; ``COMPILED`` says which are in use, and the tests check that 
 the same results.
 
 - ``first_round(mark, size, end, phase, page, need, uniforms, start, picks_per_leaf,
-  binomial_per_leaf, max_rounds, slots_out, pages_out, counts_out) -> (status, k, smallest,
-  used, slots, pages)``: an eviction's common case at once. The candidates: the slots
-  ``i < end`` with ``mark[i] < phase``, in order (``slots[:k]``), their sizes in pages
-  (``size // page``; ``pages[:k]``) and the smallest of those (0 if none). Then, unless
-  ``leaf_sampling`` goes straight to the continuous-time draw, the first round as
+  binomial_per_leaf, max_rounds, step_pages, slots_out, pages_out, counts_out) -> (status,
+  k, smallest, used, slots, pages)``: an eviction's common case at once. The candidates:
+  the slots ``i < end`` with ``mark[i] < phase``, in order (``slots[:k]``), their sizes in
+  pages (``size // page``; ``pages[:k]``) and the smallest of those (0 if none). Then,
+  unless ``leaf_sampling`` goes straight to the continuous-time draw, the first round as
   ``Draws`` draws it, into ``counts_out[:k]``: ``need`` buffered picks (fewer than
   ``binomial_per_leaf`` per leaf, and no more than the buffer's length if at least
-  ``picks_per_leaf``), else ``even_counts``; ``used`` uniforms from ``start``, if what is
-  left of the buffer holds them. ``WHOLE``: no leaf emptied, the counts are the whole draw
-  (the caller consumes the ``used`` uniforms); ``DRAW``: the caller draws, from these
-  candidates (no uniform was consumed, ``used`` is 0); ``SHORT``: they hold fewer than
-  ``need`` pages. The numpy twin never says ``WHOLE``: the caller's own draw then runs,
-  which is the same draw (``tests/engine_ext/test_kernels.py``).
+  ``picks_per_leaf``; always where ``leaf_sampling`` would draw page by page: ``need`` at
+  most ``step_pages`` and the buffer's length, and a leaf likely to empty), else
+  ``even_counts``; ``used`` uniforms from ``start``, if what is left of the buffer holds
+  them. ``WHOLE``: no leaf emptied, the counts are the whole draw (the caller consumes
+  the ``used`` uniforms); ``STEPS``: a leaf emptied in a page-by-page draw's picks, which
+  the caller runs (``steps``) from ``start``; ``DRAW``: the caller draws, from these
+  candidates (for both, no uniform was consumed, ``used`` is 0); ``SHORT``: they hold
+  fewer than ``need`` pages. The numpy twin never says ``WHOLE`` or ``STEPS``: the
+  caller's own draw then runs, which is the same draw (``tests/engine_ext/test_kernels.py``).
+- ``steps(uniforms, start, need, pages, k, parent_joins, taken_out) -> (taken, used,
+  emptied, joined_taken)``: RLT's draw by its definition, page by page: ``k`` candidate
+  leaves of ``pages[:k]`` pages (each >= 1, labels ``0 .. k - 1``), ``need`` picks, each
+  ``floor(u * active)`` of the next uniform from ``start`` over the active leaves in order;
+  a leaf that empties leaves the order (the rest keep theirs) and ``parent_joins(label)``
+  (int or None) may add its parent, with that many pages, at the end (labels ``k`` and
+  up). Stops when ``need`` pages are taken or no leaf is left. ``taken[:k]``: pages taken
+  per candidate; ``used``: uniforms used (one per page); ``emptied``: labels in the order
+  they emptied; ``joined_taken``: pages taken per joined parent. The twin runs the same
+  picks in chunks (a bincount per chunk, cut at its first emptying).
 - ``pick_counts(uniforms, start, n, leaves, counts_out) -> (counts, top)``: how many of the
   float64 ``uniforms[start:start + n]`` pick each leaf (``counts[:leaves]``), a pick being
   ``floor(u * leaves)``, and the largest count.
@@ -61,6 +74,7 @@ the same results.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -69,6 +83,7 @@ __all__ = [
     "DRAW",
     "NUMPY_LOOPS",
     "SHORT",
+    "STEPS",
     "WHOLE",
     "bridge_finish",
     "bridge_params",
@@ -81,10 +96,14 @@ __all__ = [
     "pick_counts",
     "picks_of",
     "run_positions",
+    "steps",
     "trim",
 ]
 
-WHOLE, DRAW, SHORT = 0, 1, 2  # what ``first_round`` says
+WHOLE, DRAW, SHORT, STEPS = 0, 1, 2, 3  # what ``first_round`` says
+
+# The numpy ``steps``: picks per chunk at least (its cost is mostly per numpy call).
+_STEP_CHUNK = 64
 
 # ufunc reductions called directly (numpy's ``ndarray.min`` and friends go through Python)
 _min, _max, _sum = np.minimum.reduce, np.maximum.reduce, np.add.reduce
@@ -118,6 +137,7 @@ def numpy_first_round(
     picks_per_leaf: int,
     binomial_per_leaf: int,
     max_rounds: int,
+    step_pages: int,
     slots_out: np.ndarray,
     pages_out: np.ndarray,
     counts_out: np.ndarray,
@@ -130,6 +150,58 @@ def numpy_first_round(
     smallest = int(_min(pages))
     short = k * smallest < need and int(_sum(pages)) < need
     return (SHORT if short else DRAW), k, smallest, 0, slots, pages
+
+
+def numpy_steps(
+    uniforms: np.ndarray,
+    start: int,
+    need: int,
+    pages: np.ndarray,
+    k: int,
+    parent_joins: Callable[[int], int | None],
+    taken_out: np.ndarray | None,
+) -> tuple[np.ndarray, int, list[int], list[int]]:
+    if not 0 <= k <= len(pages) or need < 0 or start < 0 or start + need > len(uniforms):
+        raise ValueError(f"start, need, k: {start}, {need}, {k} are outside the arrays")
+    active = np.arange(k, dtype=np.int64)
+    remaining = np.array(pages[:k], dtype=np.int64)
+    if k and int(_min(remaining)) < 1:
+        raise ValueError("pages: every candidate must hold a page")
+    picked = np.zeros(k, dtype=np.int64)
+    emptied: list[int] = []
+    emptied_taken: list[int] = []
+    next_label, pos, left = k, start, need
+    while left > 0 and len(active):
+        n = len(active)
+        chunk = min(left, max(_STEP_CHUNK, 2 * n * int(_min(remaining))))
+        picks = picks_of(uniforms, pos, chunk, n)
+        counts = np.bincount(picks, minlength=n)
+        full = np.flatnonzero(counts >= remaining)
+        if full.size:  # cut the chunk at its first emptying
+            chunk = 1 + min(int(np.flatnonzero(picks == i)[remaining[i] - 1]) for i in full)
+            counts = np.bincount(picks[:chunk], minlength=n)
+        picked += counts
+        remaining -= counts
+        pos += chunk
+        left -= chunk
+        if not full.size:
+            continue
+        i = int(picks[chunk - 1])
+        label = int(active[i])
+        emptied.append(label)
+        emptied_taken.append(int(picked[i]))
+        active, remaining = np.delete(active, i), np.delete(remaining, i)
+        picked = np.delete(picked, i)
+        joined = parent_joins(label)
+        if joined is not None and joined > 0:
+            active = np.append(active, next_label)
+            remaining = np.append(remaining, joined)
+            picked = np.append(picked, 0)
+            next_label += 1
+    out = np.zeros(next_label, dtype=np.int64)
+    out[emptied] = emptied_taken
+    out[active] += picked
+    return out[:k], pos - start, emptied, out[k:].tolist()
 
 
 def numpy_pick_counts(
@@ -363,6 +435,7 @@ def numpy_gather(
 NUMPY_LOOPS = {
     "first_round": numpy_first_round,
     "pick_counts": numpy_pick_counts,
+    "steps": numpy_steps,
     "even_counts": numpy_even_counts,
     "bridge_params": numpy_bridge_params,
     "bridge_finish": numpy_bridge_finish,
@@ -382,6 +455,7 @@ try:
         gap_rings,
         gather,
         pick_counts,
+        steps,
         trim,
     )
 

@@ -24,7 +24,10 @@ before it. So:
 When few leaves can empty (``need`` small against the leaves' sizes, the common case: a
 scheduler evicting for one request), cheaper exact rounds come first: until a leaf empties the
 picks are i.i.d. uniform over a fixed set, so they can be drawn at once, a round per emptying
-(``draw_leaf_counts`` explains the two kinds).
+(``draw_leaf_counts`` explains the two kinds). And when a leaf is likely to empty among a
+few thousand pages (a cache that RLT has run for a while: its trims leave many short
+leaves), the definition itself is cheapest, compiled: one buffered uniform per page, one
+Python call per leaf that empties (``steps``, ``kernels.steps``).
 
 Cost: a few vectorised draws plus one step per leaf that empties, against one draw per page
 for the literal loop. The core (``draw_leaf_counts``) works on arrays of leaf sizes and
@@ -84,7 +87,11 @@ _STOP_MARGIN_RINGS = 8.0
 _SORT_GAP_RINGS = 4096
 # ``Draws`` serves picks from this many pre-drawn uniforms (256 KiB), refilled when used up.
 _PICK_BUFFER = 1 << 15
-METHODS = ("multinomial", "cut", "continuous")
+# Up to this many pages (and no more than a ``Draws``' buffer), a draw in which a leaf is
+# likely to empty runs page by page (``steps``): compiled, ~2 ns a page plus one Python call
+# per leaf that empties, against ~20-50 us of numpy calls per emptying for the rounds.
+_STEP_PAGES = 1 << 14
+METHODS = ("multinomial", "cut", "continuous", "steps")
 
 # ufunc reductions called directly: ``ndarray.min()`` and friends go through a Python-level
 # wrapper in numpy, which an eviction pays cold (a few microseconds each).
@@ -143,6 +150,15 @@ class Draws(np.random.Generator):
         out = np.empty(leaves, dtype=np.int64) if kernels.COMPILED else None
         counts: np.ndarray = kernels.even_counts(uniforms, start, n, leaves, out)
         return counts
+
+    def window(self, n: int) -> tuple[np.ndarray, int]:
+        """``ahead()``, refilled first if fewer than ``n`` uniforms are left (``n`` at most
+        the buffer's size): a draw that uses up to ``n`` of them in place, then consumes
+        what it used."""
+        if self._used + n > self._buffer:
+            self._uniforms = self.random(self._buffer)
+            self._used = 0
+        return self._uniforms, self._used
 
     def ahead(self) -> tuple[np.ndarray, int]:
         """The buffer and where its unused uniforms start (``kernels.first_round`` reads
@@ -207,6 +223,10 @@ def draw_leaf_counts(
       counts (many picks per leaf; their order is drawn only if a leaf empties): for many
       leaves of which few can empty (a scheduler evicting for one request, the common case).
 
+    - ``steps``: the definition, one buffered uniform per page (``Draws`` only, at most
+      ``_STEP_PAGES`` pages): O(pages), ~2 ns each compiled, plus a Python call per
+      emptying: for a draw in which leaves are likely to empty among a few thousand pages.
+
     Unless ``method`` forces one (tests), the draw starts with a cut round, which in the
     common case (no leaf empties) is the whole draw; the method for the rest is chosen from
     the sizes before any draw, which keeps it exact. ``first`` is that round's picks if the
@@ -218,9 +238,11 @@ def draw_leaf_counts(
         return np.zeros(len(pages), dtype=np.int64), []
     if smallest is None:
         smallest = int(_min(pages))
-    chosen = method or _choose(pages, need, max_rounds, smallest)
+    chosen = method or _choose(pages, need, max_rounds, smallest, _stepwise(gen, need))
     if chosen not in METHODS:
         raise ValueError(f"unknown method {chosen!r}; known: {', '.join(METHODS)}")
+    if chosen == "steps":
+        return _steps(pages, need, gen, parent_joins)
     if first is None and method is None and chosen != "continuous":
         first = _draw_picks(gen, len(pages), need)
         if _nobody_empties(first[0], pages, need, smallest):
@@ -243,9 +265,15 @@ def draw_leaf_counts(
 
 
 def _choose(
-    remaining: np.ndarray | Sequence[int], need: int, max_rounds: int, smallest: int | None = None
+    remaining: np.ndarray | Sequence[int],
+    need: int,
+    max_rounds: int,
+    smallest: int | None = None,
+    stepwise: bool = False,
 ) -> str:
-    """The cheapest exact path: rounds while few leaves can empty, else continuous time.
+    """The cheapest exact path: page by page where a leaf is likely to empty among a few
+    thousand pages (``stepwise``: the generator can, ``_stepwise``), else rounds while few
+    leaves can empty, else continuous time.
 
     Takes an array or, for a handful of leaves, a list (the same rule without numpy calls,
     so that both make the same choice and hence the same draws); ``smallest`` is its
@@ -257,9 +285,12 @@ def _choose(
         smallest = min(remaining) if isinstance(remaining, list) else int(np.min(remaining))
     if need <= smallest:
         return "cut"  # no leaf can empty: one round is the whole draw
+    likely = smallest <= _likely_bound(need, leaves)
+    if stepwise and likely:
+        return "steps"
     if need <= smallest * max_rounds and leaves * _MULTINOMIAL_PICKS_PER_LEAF <= need:
         return "multinomial"
-    if smallest > _likely_bound(need, leaves):
+    if not likely:
         return "cut"  # no leaf is likely to empty (``_likely_emptyings`` would count 0)
     if _likely_emptyings(remaining, need) <= max_rounds:
         return "cut"
@@ -368,9 +399,12 @@ def draw_first_round(
     if ``draw_leaf_counts`` had made them. ``draw_first_counts`` is the same on arrays."""
     if need <= 0 or not pages:
         return None, None, None
-    chosen = _choose(pages, need, _MAX_ROUNDS)
+    chosen = _choose(pages, need, _MAX_ROUNDS, None, _stepwise(gen, need))
     if chosen == "continuous":
         return chosen, None, None
+    if chosen == "steps":
+        counts = _first_steps(gen, pages, need, min(pages))
+        return chosen, None, None if counts is None else counts.tolist()
     first = _draw_picks(gen, len(pages), need)
     taken = first[0].tolist()
     if all(c < p for c, p in zip(taken, pages, strict=True)):
@@ -384,12 +418,60 @@ def draw_first_counts(
     """``draw_first_round`` for an array of pages (``smallest`` its minimum), with the
     counts as an array when no leaf emptied: the caller then sets nothing up for emptyings,
     the common case."""
-    chosen = _choose(pages, need, _MAX_ROUNDS, smallest)
+    chosen = _choose(pages, need, _MAX_ROUNDS, smallest, _stepwise(gen, need))
     if need <= 0 or chosen == "continuous":
         return chosen, None, None
+    if chosen == "steps":
+        return chosen, None, _first_steps(gen, pages, need, smallest)
     first = _draw_picks(gen, len(pages), need)
     whole = first[0] if _nobody_empties(first[0], pages, need, smallest) else None
     return chosen, first, whole
+
+
+def _stepwise(gen: np.random.Generator, need: int) -> bool:
+    """Can a draw of ``need`` pages run step by step (``steps``): a ``Draws`` whose buffer
+    holds a uniform per page."""
+    return isinstance(gen, Draws) and need <= _STEP_PAGES and need <= gen._buffer
+
+
+def _first_steps(
+    gen: np.random.Generator, pages: np.ndarray | list[int], need: int, smallest: int
+) -> np.ndarray | None:
+    """The start of ``steps`` as a first round: the picks of the next ``need`` buffered
+    uniforms, counted. If they empty no leaf they are the whole draw, consumed, and their
+    counts are returned; else None, with nothing consumed: ``steps`` then runs from the
+    same uniforms (so the first leaf to empty is the one these picks empty first). ``gen``
+    is a ``Draws`` (``_stepwise``)."""
+    assert isinstance(gen, Draws)
+    uniforms, start = gen.window(need)
+    out = np.empty(len(pages), dtype=np.int64) if kernels.COMPILED else None
+    counts: np.ndarray
+    counts, top = kernels.pick_counts(uniforms, start, need, len(pages), out)
+    if top < smallest or bool((counts < np.asarray(pages)).all()):
+        gen.consume(need)
+        return counts
+    return None
+
+
+def _steps(
+    pages: np.ndarray, need: int, gen: np.random.Generator, parent_joins: ParentJoins
+) -> tuple[np.ndarray, list[int]]:
+    """The ``steps`` draw: the definition, page by page (``kernels.steps``), from a
+    ``Draws``' buffer (any other generator, or a draw past the buffer, draws its uniforms
+    at once). Returns ``draw_leaf_counts``' (counts per label, labels emptied in order)."""
+    k = len(pages)
+    if isinstance(gen, Draws) and need <= gen._buffer:
+        draws: Draws | None = gen
+        uniforms, start = gen.window(need)
+    else:
+        draws, uniforms, start = None, gen.random(need), 0
+    out = np.empty(k, dtype=np.int64) if kernels.COMPILED else None
+    taken, used, emptied, joined = kernels.steps(uniforms, start, need, pages, k, parent_joins, out)
+    if draws is not None:
+        draws.consume(used)
+    if joined:
+        taken = np.concatenate((taken, np.asarray(joined, dtype=np.int64)))
+    return taken, emptied
 
 
 def _nobody_empties(counts: np.ndarray, pages: np.ndarray, need: int, smallest: int) -> bool:

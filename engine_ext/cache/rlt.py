@@ -30,11 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine_ext.cache import kernels
+from engine_ext.cache import kernels, leaf_sampling
 from engine_ext.cache.leaf_sampling import (
-    _BINOMIAL_PICKS_PER_LEAF,
-    _MAX_ROUNDS,
-    _MULTINOMIAL_PICKS_PER_LEAF,
     FEW_LEAVES,
     Draws,
     draw_first_counts,
@@ -123,24 +120,30 @@ class RLTEviction:
                 return need * page
             if len(slots) != k:  # the compiled loop's arrays: the first k are the candidates
                 slots, pages = slots[:k], pages[:k]
-            method, drawn, whole = draw_first_counts(pages, need, self.gen, smallest)
-            if whole is not None:  # no leaf emptied after all
-                cache.cut_tails(slots, whole, k)
-                return need * page
+            if status == kernels.STEPS:  # a leaf empties: page by page from the same picks
+                method, drawn = "steps", None
+            else:
+                method, drawn, whole = draw_first_counts(pages, need, self.gen, smallest)
+                if whole is not None:  # no leaf emptied after all
+                    cache.cut_tails(slots, whole, k)
+                    return need * page
         nodes = registry.nodes
-        # Node of each label: the candidates (built when a leaf first empties), then the
-        # parents in the order they joined.
-        label_nodes: list[RadixNode] = []
+        # Node of each label: a candidate's from its slot, then the parents in the order
+        # they joined (labels k and up); only the labels that empty are looked up.
+        joined_nodes: list[RadixNode] = []
         joined_pages: list[int] = []
         tracker, k = self._parent_joins_tracker(), len(slots)
 
+        def node_of(label: int) -> RadixNode:
+            node = nodes[slots[label]] if label < k else joined_nodes[label - k]
+            assert node is not None  # a candidate's slot holds a leaf
+            return node
+
         def parent_joins(label: int) -> int | None:
-            if not label_nodes:
-                label_nodes.extend([nodes[i] for i in slots.tolist()])
-            joined = tracker(label_nodes[label])
+            joined = tracker(node_of(label))
             if joined is None or joined[1] <= 0:
                 return None
-            label_nodes.append(joined[0])
+            joined_nodes.append(joined[0])
             joined_pages.append(joined[1])
             return joined[1]
 
@@ -161,9 +164,9 @@ class RLTEviction:
             freed = cache.cut_tails(cut, first[partial], len(cut))
         else:
             freed = 0
-        freed += cache.delete_emptied([label_nodes[label] for label in emptied])
-        joined = label_nodes[k:]
-        for node, taken, size in zip(joined, counts[k:].tolist(), joined_pages, strict=True):
+        freed += cache.delete_emptied([node_of(label) for label in emptied])
+        taken_by_joined = counts[k:].tolist()
+        for node, taken, size in zip(joined_nodes, taken_by_joined, joined_pages, strict=True):
             if 0 < taken < size:
                 freed += cache.trim_leaf(node, taken * page)
         return freed
@@ -192,7 +195,12 @@ class RLTEviction:
         if short:
             self.new_phase()
         uniforms, start = gen.ahead()
-        rules = (_MULTINOMIAL_PICKS_PER_LEAF, _BINOMIAL_PICKS_PER_LEAF, _MAX_ROUNDS)
+        rules = (
+            leaf_sampling._MULTINOMIAL_PICKS_PER_LEAF,
+            leaf_sampling._BINOMIAL_PICKS_PER_LEAF,
+            leaf_sampling._MAX_ROUNDS,
+            leaf_sampling._STEP_PAGES,
+        )
         args = (self.cache.page_size, need, uniforms, start, *rules, *registry.scratch)
         mark, size, end = registry.mark, registry.size, len(registry.nodes)
         found = kernels.first_round(mark, size, end, self.phase, *args)

@@ -95,7 +95,7 @@ def test_first_round_gathers_the_candidates(
     for fn in both("first_round"):
         outs = [np.full(len(mark), -7, np.int64) for _ in range(3)]
         status, k, smallest, _, slots, pages = fn(
-            mark, size, end, phase, page, need, uniforms, 0, 8, 128, 8, *outs
+            mark, size, end, phase, page, need, uniforms, 0, 8, 128, 8, 16384, *outs
         )
         results.append(
             (status == kernels.SHORT, k, smallest, slots[:k].tolist(), pages[:k].tolist())
@@ -194,20 +194,20 @@ def test_the_compiled_loops_refuse_bad_input_before_writing() -> None:
         return np.zeros(4, np.int64), np.zeros(4, np.int64), np.zeros(4, np.int64)
 
     with pytest.raises(TypeError, match="mark: expected a one-dimensional int64 array"):
-        first_round(mark.astype(np.int32), size, 4, 1, 1, 2, u, 0, 8, 128, 8, *outs())
+        first_round(mark.astype(np.int32), size, 4, 1, 1, 2, u, 0, 8, 128, 8, 16384, *outs())
     frozen = np.zeros(4, np.int64)
     frozen.setflags(write=False)
     with pytest.raises(TypeError, match="slots_out: expected a writable"):
-        first_round(mark, size, 4, 1, 1, 2, u, 0, 8, 128, 8, frozen, out, out.copy())
+        first_round(mark, size, 4, 1, 1, 2, u, 0, 8, 128, 8, 16384, frozen, out, out.copy())
     with pytest.raises(TypeError, match="size: expected a"):
-        first_round(mark, np.zeros(8, np.int64)[::2], 4, 1, 1, 2, u, 0, 8, 128, 8, *outs())
+        first_round(mark, np.zeros(8, np.int64)[::2], 4, 1, 1, 2, u, 0, 8, 128, 8, 16384, *outs())
     with pytest.raises(ValueError, match="end: 5 is outside the arrays"):
-        first_round(mark, size, 5, 1, 1, 2, u, 0, 8, 128, 8, *outs())
+        first_round(mark, size, 5, 1, 1, 2, u, 0, 8, 128, 8, 16384, *outs())
     with pytest.raises(ValueError, match="start: 9 is outside the uniforms"):
-        first_round(mark, size, 4, 1, 1, 2, u, 9, 8, 128, 8, *outs())
+        first_round(mark, size, 4, 1, 1, 2, u, 9, 8, 128, 8, 16384, *outs())
     with pytest.raises(ValueError, match="page: must be >= 1"):
-        first_round(mark, size, 4, 1, 0, 2, u, 0, 8, 128, 8, *outs())
-    with pytest.raises(TypeError, match=r"takes 14 arguments \(2 given\)"):
+        first_round(mark, size, 4, 1, 0, 2, u, 0, 8, 128, 8, 16384, *outs())
+    with pytest.raises(TypeError, match=r"takes 15 arguments \(2 given\)"):
         first_round(mark, size)
     with pytest.raises(ValueError, match=r"uniforms\[1\] is not in \[0, 1\)"):
         pick_counts(np.array([0.5, 1.0]), 0, 2, 3, out)
@@ -278,16 +278,24 @@ print("ok")
     st.integers(0, 2**32 - 1),
     st.integers(0, 500),
     st.sampled_from([1, 16, leaf_sampling._BINOMIAL_PICKS_PER_LEAF]),
+    st.sampled_from([0, 64, leaf_sampling._STEP_PAGES]),
 )
 def test_first_round_is_the_draw_leaf_sampling_makes(
-    leaves: list[tuple[int, int]], need: int, page: int, seed: int, used: int, binomial: int
+    leaves: list[tuple[int, int]],
+    need: int,
+    page: int,
+    seed: int,
+    used: int,
+    binomial: int,
+    step_pages: int,
 ) -> None:
     """The compiled ``first_round`` says WHOLE exactly when ``leaf_sampling`` would draw a
     first round from ``Draws``' buffer (picks, or even counts with many picks per leaf)
     that empties no leaf, with the same counts from the same uniforms, and says how many
-    uniforms that took; it gathers the same candidates as the numpy twin and consumes
-    nothing itself. ``binomial`` stands for ``_BINOMIAL_PICKS_PER_LEAF`` (small ones put
-    these small draws on the even-counts path)."""
+    uniforms that took; STEPS when the draw would go page by page and those picks empty a
+    leaf; it gathers the same candidates as the numpy twin and consumes nothing itself.
+    ``binomial`` stands for ``_BINOMIAL_PICKS_PER_LEAF`` (small ones put these small draws
+    on the even-counts path), ``step_pages`` for ``_STEP_PAGES`` (0: never page by page)."""
     first_round = implementation("compiled", "first_round")
     phase = 2
     mark = np.array([m for m, _ in leaves], np.int64)
@@ -300,11 +308,12 @@ def test_first_round_is_the_draw_leaf_sampling_makes(
     counts = outs[2]
     status, k, smallest, took, slots, pages = first_round(
         mark, size, end, phase, page, need, uniforms, start,
-        leaf_sampling._MULTINOMIAL_PICKS_PER_LEAF, binomial, leaf_sampling._MAX_ROUNDS, *outs,
+        leaf_sampling._MULTINOMIAL_PICKS_PER_LEAF, binomial, leaf_sampling._MAX_ROUNDS,
+        step_pages, *outs,
     )  # fmt: skip
     assert draws.ahead() == (uniforms, start), "first_round consumes nothing itself"
     _, want_k, want_smallest, _, want_slots, want_pages = kernels.numpy_first_round(
-        mark, size, end, phase, page, need, uniforms, start, 8, binomial, 8, *outs
+        mark, size, end, phase, page, need, uniforms, start, 8, binomial, 8, step_pages, *outs
     )
     assert (k, smallest) == (want_k, want_smallest)
     assert slots[:k].tolist() == want_slots.tolist()
@@ -313,10 +322,13 @@ def test_first_round_is_the_draw_leaf_sampling_makes(
     if total < need:
         assert status == kernels.SHORT
         return
-    with mock.patch.object(leaf_sampling, "_BINOMIAL_PICKS_PER_LEAF", binomial):
+    with (
+        mock.patch.object(leaf_sampling, "_BINOMIAL_PICKS_PER_LEAF", binomial),
+        mock.patch.object(leaf_sampling, "_STEP_PAGES", step_pages),
+    ):
         method, _, whole = leaf_sampling.draw_first_counts(pages[:k], need, draws, smallest)
     many = need >= leaf_sampling._MULTINOMIAL_PICKS_PER_LEAF * k
-    counted = need < binomial * k and not (many and need > len(uniforms))
+    counted = method == "steps" or (need < binomial * k and not (many and need > len(uniforms)))
     wanted = need if counted else k - 1  # the uniforms of the first round
     buffered = method != "continuous" and start + wanted <= len(uniforms)
     if buffered and whole is not None:
@@ -324,9 +336,100 @@ def test_first_round_is_the_draw_leaf_sampling_makes(
         assert took == wanted
         assert counts[:k].tolist() == whole.tolist()
         assert draws.ahead()[1] == start + wanted  # the uniforms the caller then consumes
+    elif buffered and method == "steps":
+        assert status == kernels.STEPS
+        assert took == 0
+        assert draws.ahead() == (uniforms, start), "nothing consumed: steps replays them"
     else:
         assert status == kernels.DRAW
         assert took == 0
+
+
+def joins_every(step: int, pages: int) -> Callable[[int], int | None]:
+    """A ``parent_joins`` for ``steps``: the parent of every ``step``-th label joins, with
+    ``pages + label % 5`` pages (so parents' parents join too), and the calls are logged."""
+    calls: list[int] = []
+
+    def parent_joins(label: int) -> int | None:
+        calls.append(label)
+        return pages + label % 5 if label % step == 0 else None
+
+    parent_joins.calls = calls  # type: ignore[attr-defined]
+    return parent_joins
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(1, 6) | st.integers(1, 300), min_size=0, max_size=40),
+    st.integers(0, 2_000),
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 4),
+    st.integers(0, 3),
+)
+def test_steps_agree_with_the_twin_and_the_definition(
+    pages: list[int], need: int, seed: int, step: int, start: int
+) -> None:
+    """``steps``: the compiled loop and its chunked numpy twin make the same picks from the
+    same uniforms (pages taken per label, leaves emptied in order, parents' calls, uniforms
+    used), and both are the definition written here one pick at a time."""
+    uniforms = np.random.default_rng(seed).random(start + need + 3)
+    k = len(pages)
+    arr = np.array(pages, np.int64)
+    results = []
+    for fn in both("steps"):
+        joins = joins_every(step, 3)
+        out = np.full(k + 2, -7, np.int64)
+        taken, used, emptied, joined = fn(uniforms, start, need, arr, k, joins, out)
+        if fn is not kernels.numpy_steps:
+            assert taken is out
+            assert (out[k:] == -7).all(), "wrote past k"
+        results.append((taken[:k].tolist(), used, emptied, joined, joins.calls))  # type: ignore[attr-defined]
+    assert results[0] == results[1]
+    # the definition: a pick is floor(u * active), an emptied leaf leaves the order, its
+    # parent (if it joins) goes to the end
+    joins = joins_every(step, 3)
+    active = [[label, p] for label, p in enumerate(pages)]
+    taken_by = [0] * k
+    emptied_want: list[int] = []
+    used_want = 0
+    while used_want < need and active:
+        j = int(uniforms[start + used_want] * len(active))
+        used_want += 1
+        label = active[j][0]
+        taken_by[label] += 1
+        active[j][1] -= 1
+        if active[j][1] == 0:
+            active.pop(j)
+            emptied_want.append(label)
+            joined_pages = joins(label)
+            if joined_pages:
+                active.append([len(taken_by), joined_pages])
+                taken_by.append(0)
+    assert results[0][:4] == (taken_by[:k], used_want, emptied_want, taken_by[k:])
+    assert used_want == need or not active, "stops early only when no leaf is left"
+
+
+def test_steps_refuses_bad_input() -> None:
+    steps = implementation("compiled", "steps")
+    u, pages, out = np.full(8, 0.5), np.array([2, 3], np.int64), np.zeros(2, np.int64)
+
+    def none(label: int) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="start, need: 2, 7 are outside the uniforms"):
+        steps(u, 2, 7, pages, 2, none, out)
+    with pytest.raises(ValueError, match="k: 3 is outside the arrays"):
+        steps(u, 0, 4, pages, 3, none, out)
+    with pytest.raises(ValueError, match=r"pages\[1\] = 0: every candidate must hold a page"):
+        steps(u, 0, 4, np.array([2, 0], np.int64), 2, none, out)
+    with pytest.raises(TypeError, match="parent_joins: expected a callable"):
+        steps(u, 0, 4, pages, 2, None, out)
+    with pytest.raises(TypeError, match="parent_joins: must return an int or None"):
+        steps(u, 0, 4, np.array([1, 1], np.int64), 2, lambda label: "A", out)
+    with pytest.raises(ZeroDivisionError):  # the callback's own error goes through
+        steps(u, 0, 4, np.array([1, 1], np.int64), 2, lambda label: 1 // 0, out)
+    with pytest.raises(ValueError, match=r"uniforms\[1\] is not in \[0, 1\)"):
+        steps(np.array([0.5, 1.0, 0.5]), 0, 3, pages, 2, none, out)
 
 
 @settings(max_examples=300, deadline=None)
@@ -524,6 +627,26 @@ for seed in range(6):  # a few long documents: the first round's counts are bino
     for need in (5_000, 20_000, 60_000):
         assert cache.evict(need) == need
     cache.check_invariants()
+for seed in range(4):  # a cache RLT has run a while: short leaves, page-by-page draws
+    cache = RadixCache(20_000, "rlt", rng=random.Random(seed))
+    docs = [
+        tuple([d + 1] + [rng.randrange(1, 999) for _ in range(rng.randint(200, 3_000))])
+        for d in range(30)
+    ]
+    for step in range(300):
+        key = rng.choice(docs)[: rng.randint(100, 3_000)]
+        cache.ensure_free(len(key))
+        cache.insert(key)
+    cache.check_invariants()
+for trial in range(300):  # steps with parents joining, against the twin
+    k = rng.randint(0, 30)
+    pages = np.array([rng.randint(1, 40) for _ in range(k)], np.int64)
+    need = rng.randint(0, 800)
+    u = np.random.default_rng(trial).random(need + 5)
+    joins = lambda label: (label % 7) + 1 if label % 3 == 0 else None
+    got = compiled.steps(u, 2, need, pages, k, joins, np.empty(k, np.int64))
+    want = kernels.numpy_steps(u, 2, need, pages, k, joins, None)
+    assert got[0].tolist() == want[0].tolist() and got[1:] == want[1:]
 uniforms = np.random.default_rng(0).random(400)
 uniforms[::7] = np.nextafter(1.0, 0.0)  # the largest uniform: the search's far end
 for n in (0, 1, 9, 5_000, 10**7):

@@ -141,6 +141,9 @@ REACHABLE_PAGES = 2 + 1 + 2 + 4 + 1 + 3 + 1 + 2  # leaves plus A, B1, B (E is ma
         (BIG, 12, "multinomial", None),  # multinomial rounds, then the continuous-time draw
         (BIG, 12, "cut", 2),  # two cut rounds (each ends at an emptying), then continuous
         (SMALL, 9, "cut", 100),  # cut rounds alone, parents joining between them
+        (SMALL, 9, "steps", None),  # page by page, parents joining on the way
+        (SMALL, 13, "steps", None),  # deep into the parents
+        (BIG, 18, "steps", None),  # beyond the leaves' total
     ],
     ids=[
         "small-1",
@@ -154,6 +157,9 @@ REACHABLE_PAGES = 2 + 1 + 2 + 4 + 1 + 3 + 1 + 2  # leaves plus A, B1, B (E is ma
         "big-12-multinomial",
         "big-12-cut-then-continuous",
         "small-9-cut",
+        "small-9-steps",
+        "small-13-steps",
+        "big-18-steps",
     ],
 )
 def test_batched_sampler_matches_the_per_page_definition(
@@ -316,12 +322,38 @@ def test_an_unknown_method_is_refused() -> None:
         ([5_000] * 12, 40_000, "multinomial"),  # a few big leaves: O(leaves) rounds
         ([200] * 260, 1_000, "cut"),  # many leaves, none can empty: one O(need) round
         ([40] * 380, 10_000, "continuous"),  # most leaves empty: one step per emptying
+        ([30] * 20 + [200] * 300, 400, "cut"),  # no leaf is likely to empty
     ],
 )
 def test_the_cheapest_exact_path_is_chosen_from_the_sizes(
     sizes: list[int], need: int, expected: str
 ) -> None:
     assert _choose(np.asarray(sizes), need, 8) == expected
+    assert _choose(sizes, need, 8) == expected  # the list form decides alike
+
+
+@pytest.mark.parametrize(
+    ("sizes", "need", "expected"),
+    [
+        ([40] * 380, 10_000, "steps"),  # leaves empty within a buffer's worth of pages
+        ([1] + [200] * 300, 400, "steps"),  # one short leaf (a cache RLT has trimmed)
+        ([300] + [8_000] * 14, 8_000, "steps"),  # long documents, one trimmed short
+        ([30] * 20 + [200] * 300, 400, "cut"),  # none likely to empty: one round
+        ([200] * 260, 1_000, "cut"),  # none can empty
+        ([5_000] * 12, 40_000, "multinomial"),  # past the step limit
+        ([40] * 380, 14_000, "continuous"),
+    ],
+)
+def test_a_draw_likely_to_empty_a_leaf_goes_page_by_page(
+    sizes: list[int], need: int, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a generator that can (a ``Draws`` whose buffer holds ``need`` uniforms), a draw
+    of at most ``_STEP_PAGES`` pages in which a leaf is likely to empty runs page by page."""
+    monkeypatch.setattr(leaf_sampling, "_STEP_PAGES", 12_000)
+    gen = leaf_sampling.Draws(0)
+    assert _choose(np.asarray(sizes), need, 8, None, leaf_sampling._stepwise(gen, need)) == expected
+    assert not leaf_sampling._stepwise(np.random.default_rng(0), need)  # needs a buffer
+    assert not leaf_sampling._stepwise(leaf_sampling.Draws(0, buffer=need - 1), need)
 
 
 @pytest.mark.parametrize("sizes", [SMALL, BIG], ids=["small", "big"])

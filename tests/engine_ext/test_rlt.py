@@ -257,9 +257,8 @@ def test_every_eviction_path_makes_the_same_draws(
     from engine_ext.cache import kernels
 
     if binomial_per_leaf is not None:
-        for module in ("leaf_sampling", "rlt"):
-            name = f"engine_ext.cache.{module}._BINOMIAL_PICKS_PER_LEAF"
-            monkeypatch.setattr(name, binomial_per_leaf)
+        name = "engine_ext.cache.leaf_sampling._BINOMIAL_PICKS_PER_LEAF"
+        monkeypatch.setattr(name, binomial_per_leaf)
 
     gen = np.random.default_rng(leaves)
     prefixes = [tuple(int(t) for t in gen.integers(1000, 2000, size=16)) for _ in range(3)]

@@ -24,7 +24,10 @@ import sglang_eviction
 def test_a_small_run_writes_both_policies_per_point(tmp_path: Path) -> None:
     out = tmp_path / "eviction.json"
     code = sglang_eviction.main(
-        ["--repeats", "1", "--shapes", "longdoc", "--device", DEVICE, "--out", str(out)]
+        [
+            *("--repeats", "1", "--churn-repeats", "1", "--shapes", "longdoc"),
+            *("--device", DEVICE, "--out", str(out)),
+        ]
     )
     assert code == 0
     doc = json.loads(out.read_text())
@@ -44,6 +47,12 @@ def test_a_small_run_writes_both_policies_per_point(tmp_path: Path) -> None:
         assert row["floor_over_lru"] == pytest.approx(
             row["floor_ns_per_token"] / row["lru_ns_per_token"]
         )
+    (churn,) = doc["churn"]
+    assert churn["shape"] == "longdoc"
+    for policy in ("lru", "rlt"):
+        assert churn[f"{policy}_calls"] > 0
+        assert churn[f"{policy}_freed"] > 0
+        assert 0 < churn[f"{policy}_hit_rate"] < 1
     (build,) = doc["builds"]
     assert build["shape"] == "longdoc"
     assert build["builds"] == len(sglang_eviction.EVICT_TOKENS)  # one per point and policy
@@ -74,6 +83,31 @@ def test_the_pool_floor_frees_as_many_of_the_trees_indices_in_one_call() -> None
     assert len(calls) == 1
     assert len(calls[0]) == len(set(calls[0])) == 1_234
     assert set(calls[0]) <= held
+
+
+@pytest.mark.parametrize("shape", ["chat", "longdoc"])
+@pytest.mark.parametrize("policy", ["lru", "rlt"])
+def test_under_churn_every_kv_index_is_in_the_tree_or_free_once(shape: str, policy: str) -> None:
+    """A full cache serving a churn stream (RLT: leaves trimmed short, emptied page by page,
+    parents joining): at the end the pool's free indices and the tree's are disjoint,
+    distinct and all of the pool, so no index was freed twice or lost."""
+    from _tree_shapes import SHAPES as KEY_SHAPES
+    from _tree_shapes import churn_keys
+
+    from engine_ext.cache.keys import key_to_ids
+
+    capacity = 20_000
+    stream = churn_keys(KEY_SHAPES[shape], np.random.default_rng(5), capacity)
+    cache = sglang_eviction.make_cache(policy, capacity, 3, "sglang", DEVICE)
+    got = sglang_eviction.replay([key_to_ids(k) for k in stream], cache, capacity)
+    assert got["freed"] > 0
+    assert len(got["call_ns"]) >= 3  # it evicted again and again
+    held = cache.all_values_flatten().tolist()
+    free = cache.token_to_kv_pool_allocator.free_pages.tolist()
+    assert len(held) == len(set(held)) == cache.total_size()
+    assert len(free) == len(set(free))
+    assert set(held).isdisjoint(free)
+    assert sorted(held + free) == list(range(1, capacity + 1))
 
 
 def test_builds_are_timed_per_policy_and_paired() -> None:
