@@ -430,7 +430,12 @@ fail:
    pages at the end of the order, as label k, k + 1, ... Stops after `need` picks or when
    no leaf is left. taken_out[:k] = pages taken per candidate; joined_taken = pages taken
    per joined parent, a list; `used` = picks made (uniforms used). The active count never
-   exceeds k (a parent joins only in place of its emptied child). */
+   exceeds k (a parent joins only in place of its emptied child). Picks fewer than the
+   smallest active leaf holds can empty none: runs of at least STEP_BLOCK of them are
+   counted without the emptying check (the smallest is looked up again after as many
+   single picks as there are active leaves, so the lookups cost at most one pass each). */
+
+#define STEP_BLOCK 16
 static PyObject *steps(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (check_args(nargs, 7, "steps") < 0) return NULL;
     Arr a[3];
@@ -467,43 +472,74 @@ static PyObject *steps(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     }
     int64_t *taken = a[2].view.buf;
     const double *u = (const double *)a[0].view.buf + start;
-    /* the active leaves: label and pages left; joined parents' takings grow as they join */
-    int64_t *label = PyMem_Malloc((size_t)(k ? k : 1) * sizeof(int64_t));
-    int64_t *left = PyMem_Malloc((size_t)(k ? k : 1) * sizeof(int64_t));
+    /* the active leaves, by position: label, pages left, pages taken so far; a joined
+       parent's total goes to `joined` (label - k) when it empties or at the end */
+    size_t room = (size_t)(k ? k : 1) * sizeof(int64_t);
+    int64_t *label = PyMem_Malloc(room), *left = PyMem_Malloc(room), *picked = PyMem_Malloc(room);
     int64_t *joined = NULL;
     Py_ssize_t joined_n = 0, joined_cap = 0;
     PyObject *emptied = PyList_New(0);
-    if (label == NULL || left == NULL || emptied == NULL) {
+    if (label == NULL || left == NULL || picked == NULL || emptied == NULL) {
         if (emptied != NULL) PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t i = 0; i < k; i++) {
         label[i] = i;
         left[i] = pages[i];
+        picked[i] = 0;
         taken[i] = 0;
     }
-    Py_ssize_t active = k, used = 0;
+    Py_ssize_t active = k, used = 0, careful = 0;
     while (used < need && active > 0) {
-        double x = u[used] * (double)active;
-        if (!(x >= 0.0 && x < (double)active)) {
+        const double scale = (double)active;
+        if (careful == 0) {
+            /* fewer picks than the smallest leaf holds empty none: count them in a block */
+            int64_t smallest = left[0];
+            for (Py_ssize_t i = 1; i < active; i++)
+                if (left[i] < smallest) smallest = left[i];
+            Py_ssize_t block = need - used;
+            if (smallest - 1 < block) block = (Py_ssize_t)(smallest - 1);
+            if (block >= STEP_BLOCK) {
+                for (Py_ssize_t t = 0; t < block; t++) {
+                    double x = u[used + t] * scale;
+                    if (!(x >= 0.0 && x < scale)) {
+                        PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)",
+                                     start + used + t);
+                        goto done;
+                    }
+                    Py_ssize_t j = (Py_ssize_t)x;
+                    left[j]--;
+                    picked[j]++;
+                }
+                used += block;
+                continue;
+            }
+            careful = active; /* this many picks one at a time before the next scan */
+        }
+        careful--;
+        double x = u[used] * scale;
+        if (!(x >= 0.0 && x < scale)) {
             PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)", start + used);
             goto done;
         }
         used++;
         Py_ssize_t j = (Py_ssize_t)x;
-        int64_t who = label[j];
-        if (who < k) taken[who]++;
-        else joined[who - k]++;
+        picked[j]++;
         if (--left[j] > 0) continue;
         /* leaf `who` emptied: out of the order, then its parent may join at the end */
+        int64_t who = label[j];
+        if (who < k) taken[who] = picked[j];
+        else joined[who - k] = picked[j];
         PyObject *who_obj = PyLong_FromLongLong((long long)who);
         if (who_obj == NULL || PyList_Append(emptied, who_obj) < 0) {
             Py_XDECREF(who_obj);
             goto done;
         }
         active--;
-        memmove(label + j, label + j + 1, (size_t)(active - j) * sizeof(int64_t));
-        memmove(left + j, left + j + 1, (size_t)(active - j) * sizeof(int64_t));
+        size_t tail = (size_t)(active - j) * sizeof(int64_t);
+        memmove(label + j, label + j + 1, tail);
+        memmove(left + j, left + j + 1, tail);
+        memmove(picked + j, picked + j + 1, tail);
         PyObject *got = PyObject_CallOneArg(joins, who_obj);
         Py_DECREF(who_obj);
         if (got == NULL) goto done;
@@ -531,8 +567,13 @@ static PyObject *steps(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         joined[joined_n] = 0;
         label[active] = k + joined_n;
         left[active] = parent_pages;
+        picked[active] = 0;
         joined_n++;
         active++;
+    }
+    for (Py_ssize_t i = 0; i < active; i++) { /* the leaves still holding pages */
+        if (label[i] < k) taken[label[i]] = picked[i];
+        else joined[label[i] - k] = picked[i];
     }
     PyObject *joined_list = PyList_New(joined_n);
     if (joined_list == NULL) goto done;
@@ -548,6 +589,7 @@ static PyObject *steps(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
 done:
     PyMem_Free(label);
     PyMem_Free(left);
+    PyMem_Free(picked);
     PyMem_Free(joined);
     Py_XDECREF(emptied);
 fail:
