@@ -13,7 +13,9 @@ equals the current phase number.
 The candidates, the draw and the trims run over the cache's leaf registry
 (``leaf_registry``) in compiled loops (``kernels``; numpy where the extension is not built):
 in the common case, where no leaf empties, an eviction is two of them (``first_round``,
-``trim``); otherwise a few numpy calls plus one Python step per leaf that empties. Both
+``trim``); where a leaf empties among a few thousand pages, a third (``steps``, the
+definition page by page) calls back once per emptying; otherwise a few numpy calls plus
+one Python step per leaf that empties. Both
 trees keep a registry: the reference cache, and the SGLang plugin's view of SGLang's
 tree (``engine_ext.sglang_rlt``), which offers the same few methods (``cut_tails``,
 ``cut_few_tails``, ``delete_emptied``, ``trim_leaf``).
