@@ -24,6 +24,7 @@ __all__ = [
     "SHAPES",
     "KeyBuilder",
     "chat_keys",
+    "churn_columns",
     "churn_keys",
     "churn_row",
     "eviction_row",
@@ -137,8 +138,10 @@ def churn_row(
         row[f"{policy}_total_ms"] = round(
             statistics.median(sum(r["call_ns"]) for r in runs) / 1e6, 2
         )
-        row[f"{policy}_call_p50_us"] = round(_quantile(calls, 0.5) / 1e3, 1)
-        row[f"{policy}_call_p99_us"] = round(_quantile(calls, 0.99) / 1e3, 1)
+        p50, p99 = _quantile(calls, 0.5) / 1e3, _quantile(calls, 0.99) / 1e3
+        row[f"{policy}_call_p50_us"] = round(p50, 1)
+        row[f"{policy}_call_p99_us"] = round(p99, 1)
+        row[f"{policy}_calls_text"] = f"{p50:.0f} / {p99:.0f}"
         row[f"{policy}_hit_rate"] = round(
             statistics.median(r["hit_tokens"] / r["prompt_tokens"] for r in runs), 4
         )
@@ -157,6 +160,28 @@ def churn_row(
     else:
         row["paired_ratio_text"] = "n/a"
     return row
+
+
+def churn_columns(target: str) -> tuple[tuple[str, str, str], ...]:
+    """The churn table's columns (title, ``churn_row`` key, format); ``target`` titles
+    the verdict's."""
+    return (
+        ("shape", "shape", "{}"),
+        ("requests", "requests", "{:,}"),
+        ("lru hit", "lru_hit_rate", "{:.1%}"),
+        ("rlt hit", "rlt_hit_rate", "{:.1%}"),
+        ("lru calls", "lru_calls", "{:,}"),
+        ("rlt calls", "rlt_calls", "{:,}"),
+        ("lru freed", "lru_freed", "{:,}"),
+        ("rlt freed", "rlt_freed", "{:,}"),
+        ("lru call p50/p99 us", "lru_calls_text", "{}"),
+        ("rlt call p50/p99 us", "rlt_calls_text", "{}"),
+        ("lru ns/token", "lru_ns_per_token", "{:.0f}"),
+        ("rlt ns/token", "rlt_ns_per_token", "{:.0f}"),
+        ("rlt/lru", "rlt_over_lru_text", "{}"),
+        ("paired IQR", "paired_ratio_text", "{}"),
+        (target, "meets_target", "{}"),
+    )
 
 
 def _quantile(ordered: list[int], q: float) -> float:

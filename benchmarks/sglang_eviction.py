@@ -72,7 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import base_parser, format_ratio, ratio, write_json
 from _tree_shapes import SHAPES as TREE_SHAPES
-from _tree_shapes import KeyBuilder, churn_keys, churn_row, eviction_row
+from _tree_shapes import KeyBuilder, churn_columns, churn_keys, churn_row, eviction_row
 
 from engine_ext.cache.keys import key_to_ids
 from engine_ext.sglang_rlt import RLTRadixCache
@@ -361,23 +361,7 @@ BUILD_COLUMNS = (
     ("rlt us/request", "rlt_us_per_request", "{:.0f}"),
     ("rlt/lru (paired median)", "rlt_over_lru_text", "{}"),
 )
-CHURN_COLUMNS = (
-    ("shape", "shape", "{}"),
-    ("requests", "requests", "{:,}"),
-    ("lru hit", "lru_hit_rate", "{:.1%}"),
-    ("rlt hit", "rlt_hit_rate", "{:.1%}"),
-    ("lru calls", "lru_calls", "{:,}"),
-    ("rlt calls", "rlt_calls", "{:,}"),
-    ("lru freed", "lru_freed", "{:,}"),
-    ("rlt freed", "rlt_freed", "{:,}"),
-    ("lru call p50/p99 us", "lru_calls_text", "{}"),
-    ("rlt call p50/p99 us", "rlt_calls_text", "{}"),
-    ("lru ns/token", "lru_ns_per_token", "{:.0f}"),
-    ("rlt ns/token", "rlt_ns_per_token", "{:.0f}"),
-    ("rlt/lru", "rlt_over_lru_text", "{}"),
-    ("paired IQR", "paired_ratio_text", "{}"),
-    ("rlt <= lru", "meets_target", "{}"),
-)
+CHURN_COLUMNS = churn_columns("rlt <= lru")
 SHAPE_COLUMNS = (
     ("shape", "shape", "{}"),
     ("tokens", "tokens", "{:,}"),
@@ -461,10 +445,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             [key_to_ids(key) for key in stream], churn_repeats, args.pool, device
         )
         churn.append(churn_row(shape, samples_churn, TARGET_RATIO))
-    for row in churn:
-        for policy in POLICIES:
-            p50, p99 = row[f"{policy}_call_p50_us"], row[f"{policy}_call_p99_us"]
-            row[f"{policy}_calls_text"] = f"{p50:.0f} / {p99:.0f}"
     wall_s = time.perf_counter() - started
 
     version = _sglang_version()

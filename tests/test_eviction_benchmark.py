@@ -68,6 +68,7 @@ def test_a_churn_row_is_time_per_token_freed_over_whole_streams() -> None:
     assert row["rlt_freed"] == 1_500
     # p50 / p99 of the calls pooled over streams: lru [400, 600, 1000, 1000, 2000]
     assert (row["lru_call_p50_us"], row["lru_call_p99_us"]) == (1.0, 2.0)
+    assert row["lru_calls_text"] == "1 / 2"
     assert row["rlt_hit_rate"] == 0.6  # the median of 50% and 70%
 
 
