@@ -88,7 +88,7 @@ _SORT_GAP_RINGS = 4096
 # ``Draws`` serves picks from this many pre-drawn uniforms (256 KiB), refilled when used up.
 _PICK_BUFFER = 1 << 15
 # Up to this many pages (and no more than a ``Draws``' buffer), a draw in which a leaf is
-# likely to empty runs page by page (``steps``): compiled, ~2 ns a page plus one Python call
+# likely to empty runs page by page (``steps``): compiled, ~3-5 ns a page plus one Python call
 # per leaf that empties, against ~20-50 us of numpy calls per emptying for the rounds.
 _STEP_PAGES = 1 << 14
 METHODS = ("multinomial", "cut", "continuous", "steps")
@@ -224,7 +224,7 @@ def draw_leaf_counts(
       leaves of which few can empty (a scheduler evicting for one request, the common case).
 
     - ``steps``: the definition, one buffered uniform per page (``Draws`` only, at most
-      ``_STEP_PAGES`` pages): O(pages), ~2 ns each compiled, plus a Python call per
+      ``_STEP_PAGES`` pages): O(pages), ~3-5 ns each compiled, plus a Python call per
       emptying: for a draw in which leaves are likely to empty among a few thousand pages.
 
     Unless ``method`` forces one (tests), the draw starts with a cut round, which in the
