@@ -156,8 +156,7 @@ class Draws(np.random.Generator):
         the buffer's size): a draw that uses up to ``n`` of them in place, then consumes
         what it used."""
         if self._used + n > self._buffer:
-            self._uniforms = self.random(self._buffer)
-            self._used = 0
+            self._refill()
         return self._uniforms, self._used
 
     def ahead(self) -> tuple[np.ndarray, int]:
@@ -172,11 +171,19 @@ class Draws(np.random.Generator):
         """The next ``n`` uniforms: the buffer (refilled first if it has fewer left) and
         where they start in it."""
         if self._used + n > self._buffer:
-            self._uniforms = self.random(self._buffer)
-            self._used = 0
+            self._refill()
         start = self._used
         self._used = start + n
         return self._uniforms, start
+
+    def _refill(self) -> None:
+        """New uniforms, drawn over the used buffer in place: the same values as a fresh
+        ``random(buffer)``, without allocating 256 KiB (timed inside a churned cache's
+        eviction, a fresh array's first writes cost as much again as the draw). Every
+        reader of the buffer is done with it by then: the picks a round may still need
+        (``pick_counts``' function) are read before the generator draws again."""
+        self.random(out=self._uniforms)
+        self._used = 0
 
     def __reduce__(self) -> tuple[Callable[..., Draws], tuple[Any, ...]]:  # type: ignore[override]
         # numpy's own reduce would rebuild a plain Generator, without the buffer.

@@ -425,6 +425,24 @@ def test_a_seed_gives_the_same_picks() -> None:
     assert run(3) != run(4)
 
 
+def test_the_buffer_is_refilled_in_place_with_the_generators_next_uniforms() -> None:
+    """A refill draws over the used buffer (no new array) the values a fresh ``random``
+    call would give: the buffer holds the generator's stream, block after block."""
+    draws = leaf_sampling.Draws(9, buffer=8)
+    stream = np.random.Generator(np.random.PCG64(9)).random(24)
+    buffer, start = draws.window(8)
+    assert start == 0
+    assert buffer.tolist() == stream[:8].tolist()
+    draws.consume(5)
+    again, start = draws.window(4)  # 3 left: refilled
+    assert again is buffer
+    assert (start, again.tolist()) == (0, stream[8:16].tolist())
+    draws.consume(4)
+    assert draws.window(4) == (buffer, 4)  # enough left: as it was
+    draws.picks(3, 6)  # past the end: refilled before the picks are taken
+    assert buffer.tolist() == stream[16:24].tolist()
+
+
 def test_a_copy_or_a_pickle_of_draws_goes_on_with_the_same_stream() -> None:
     draws = leaf_sampling.Draws(8, buffer=40)
     draws.picks(9, 25)
