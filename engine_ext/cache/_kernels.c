@@ -111,6 +111,26 @@ static int count_picks(const double *uniforms, Py_ssize_t start, Py_ssize_t n,
     return 0;
 }
 
+/* count_picks() that stops at the first pick that empties a leaf (counts[i] reaching
+   pages[i]): returns 1 then (the counts are partial), 0 if none did (all n counted), -1
+   with a ValueError set if a uniform is not in [0, 1). */
+static int count_until_empty(const double *uniforms, Py_ssize_t start, Py_ssize_t n,
+                             Py_ssize_t leaves, const int64_t *pages, int64_t *counts) {
+    const double *u = uniforms + start;
+    const double scale = (double)leaves;
+    memset(counts, 0, (size_t)leaves * sizeof(int64_t));
+    for (Py_ssize_t j = 0; j < n; j++) {
+        double x = u[j] * scale;
+        if (!(x >= 0.0 && x < scale)) {
+            PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)", start + j);
+            return -1;
+        }
+        Py_ssize_t i = (Py_ssize_t)x;
+        if (++counts[i] >= pages[i]) return 1;
+    }
+    return 0;
+}
+
 /* Equal-odds multinomial counts, drawn as one binomial per leaf from the uniforms.
 
    n picks spread uniformly over k leaves are, leaf by leaf, binomial: leaf j gets
@@ -244,8 +264,8 @@ static int even_draw(const double *uniforms, Py_ssize_t start, int64_t n, Py_ssi
    leaf may empty, and one is likely to); `used` is how many uniforms that takes (what is
    left of the buffer must hold them, else the caller draws). Status 0: no leaf emptied,
    so the counts are the whole draw (the caller consumes `used` uniforms); 3: a leaf
-   emptied in the picks of a page-by-page draw, which the caller runs from `start`
-   (steps()); 1: the caller draws, from the candidates gathered here (for 1 and 3 no
+   emptied in the picks of a page-by-page draw (counted up to that pick only), which the
+   caller runs from `start` (steps()); 1: the caller draws, from the candidates gathered here (for 1 and 3 no
    uniform was consumed; `used` is 0); 2: the candidates hold fewer than `need` pages (a
    new phase is due). The rules are leaf_sampling's _choose and _draw_picks. */
 static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -305,9 +325,7 @@ static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t n
         /* _choose: a leaf may empty and one is likely to, in few enough pages */
         int stepwise = need > smallest && need <= step_pages && need <= length(&a[2]) &&
                        !((double)smallest > bound);
-        if (stepwise) {
-            counted = 1;
-        } else if (need > smallest && !(many && need <= smallest * max_rounds)) {
+        if (!stepwise && need > smallest && !(many && need <= smallest * max_rounds)) {
             /* _choose: a leaf may empty, and not the multinomial rounds' case */
             if (!((double)smallest > bound)) {
                 Py_ssize_t likely = 0;
@@ -317,6 +335,15 @@ static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t n
         }
         if (continuous) {
             /* the caller's continuous-time draw */
+        } else if (stepwise) {
+            if (need <= left) { /* else the buffer runs short: the caller draws */
+                /* the picks in order until one empties a leaf (the caller's page-by-page
+                   draw then replays them), or all of them: the whole draw */
+                int emptied = count_until_empty(a[2].view.buf, start, need, k, pages, counts);
+                if (emptied < 0) goto fail;
+                status = emptied ? 3 : 0;
+                used = emptied ? 0 : need;
+            }
         } else if (counted && need <= left) {
             if (count_picks(a[2].view.buf, start, need, k, counts) < 0) goto fail;
             used = need;
@@ -330,8 +357,7 @@ static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t n
             status = 0;
             for (Py_ssize_t i = 0; i < k; i++) {
                 if (counts[i] >= pages[i]) {
-                    /* a leaf empties: the caller's draw goes on from here */
-                    status = stepwise ? 3 : 1;
+                    status = 1; /* a leaf empties: the caller's draw goes on from here */
                     used = 0;
                     break;
                 }

@@ -22,11 +22,12 @@ the same results.
   most ``step_pages`` and the buffer's length, and a leaf likely to empty), else
   ``even_counts``; ``used`` uniforms from ``start``, if what is left of the buffer holds
   them. ``WHOLE``: no leaf emptied, the counts are the whole draw (the caller consumes
-  the ``used`` uniforms); ``STEPS``: a leaf emptied in a page-by-page draw's picks, which
-  the caller runs (``steps``) from ``start``; ``DRAW``: the caller draws, from these
-  candidates (for both, no uniform was consumed, ``used`` is 0); ``SHORT``: they hold
-  fewer than ``need`` pages. The numpy twin never says ``WHOLE`` or ``STEPS``: the
-  caller's own draw then runs, which is the same draw (``tests/engine_ext/test_kernels.py``).
+  the ``used`` uniforms); ``STEPS``: a leaf emptied in a page-by-page draw's picks (the
+  count stops at that pick), which the caller runs (``steps``) from ``start``; ``DRAW``:
+  the caller draws, from these candidates (for both, no uniform was consumed, ``used`` is
+  0); ``SHORT``: they hold fewer than ``need`` pages. The numpy twin never says ``WHOLE``
+  or ``STEPS``: the caller's own draw then runs, which is the same draw
+  (``tests/engine_ext/test_kernels.py``).
 - ``steps(uniforms, start, need, pages, k, parent_joins, taken_out) -> (taken, used,
   emptied, joined_taken)``: RLT's draw by its definition, page by page: ``k`` candidate
   leaves of ``pages[:k]`` pages (each >= 1, labels ``0 .. k - 1``), ``need`` picks, each
