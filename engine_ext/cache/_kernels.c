@@ -93,29 +93,12 @@ static int check_args(Py_ssize_t nargs, Py_ssize_t want, const char *fn) {
 }
 
 /* counts[:leaves] = how many of uniforms[start:start + n] pick each leaf, a pick being
-   floor(u * leaves), exactly as numpy's (u * leaves).astype(intp) computes it; -1 with a
-   ValueError set if a uniform is not in [0, 1). */
+   floor(u * leaves), exactly as numpy's (u * leaves).astype(intp) computes it. With
+   `pages` (else NULL), the count stops at the first pick that empties a leaf (counts[i]
+   reaching pages[i]) and returns 1 (the counts then partial); else 0 once all n are
+   counted, or -1 with a ValueError set if a uniform is not in [0, 1). */
 static int count_picks(const double *uniforms, Py_ssize_t start, Py_ssize_t n,
-                       Py_ssize_t leaves, int64_t *counts) {
-    const double *u = uniforms + start;
-    const double scale = (double)leaves;
-    memset(counts, 0, (size_t)leaves * sizeof(int64_t));
-    for (Py_ssize_t j = 0; j < n; j++) {
-        double x = u[j] * scale;
-        if (!(x >= 0.0 && x < scale)) {
-            PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)", start + j);
-            return -1;
-        }
-        counts[(Py_ssize_t)x]++;
-    }
-    return 0;
-}
-
-/* count_picks() that stops at the first pick that empties a leaf (counts[i] reaching
-   pages[i]): returns 1 then (the counts are partial), 0 if none did (all n counted), -1
-   with a ValueError set if a uniform is not in [0, 1). */
-static int count_until_empty(const double *uniforms, Py_ssize_t start, Py_ssize_t n,
-                             Py_ssize_t leaves, const int64_t *pages, int64_t *counts) {
+                       Py_ssize_t leaves, int64_t *counts, const int64_t *pages) {
     const double *u = uniforms + start;
     const double scale = (double)leaves;
     memset(counts, 0, (size_t)leaves * sizeof(int64_t));
@@ -126,7 +109,7 @@ static int count_until_empty(const double *uniforms, Py_ssize_t start, Py_ssize_
             return -1;
         }
         Py_ssize_t i = (Py_ssize_t)x;
-        if (++counts[i] >= pages[i]) return 1;
+        if (++counts[i] >= (pages ? pages[i] : INT64_MAX)) return 1;
     }
     return 0;
 }
@@ -339,13 +322,13 @@ static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t n
             if (need <= left) { /* else the buffer runs short: the caller draws */
                 /* the picks in order until one empties a leaf (the caller's page-by-page
                    draw then replays them), or all of them: the whole draw */
-                int emptied = count_until_empty(a[2].view.buf, start, need, k, pages, counts);
+                int emptied = count_picks(a[2].view.buf, start, need, k, counts, pages);
                 if (emptied < 0) goto fail;
                 status = emptied ? 3 : 0;
                 used = emptied ? 0 : need;
             }
         } else if (counted && need <= left) {
-            if (count_picks(a[2].view.buf, start, need, k, counts) < 0) goto fail;
+            if (count_picks(a[2].view.buf, start, need, k, counts, NULL) < 0) goto fail;
             used = need;
             drawn = 1;
         } else if (!counted && k - 1 <= left) {
@@ -411,7 +394,7 @@ static PyObject *pick_counts(PyObject *self, PyObject *const *args, Py_ssize_t n
         goto fail;
     }
     int64_t *counts = a[1].view.buf;
-    if (count_picks(a[0].view.buf, start, n, leaves, counts) < 0) goto fail;
+    if (count_picks(a[0].view.buf, start, n, leaves, counts, NULL) < 0) goto fail;
     int64_t top = 0;
     for (Py_ssize_t i = 0; i < leaves; i++)
         if (counts[i] > top) top = counts[i];
