@@ -10,7 +10,7 @@ virtualenv (no River) can use it too.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence, Sized
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ __all__ = [
     "churn_columns",
     "churn_keys",
     "churn_row",
+    "churn_sample",
     "eviction_row",
     "gsp_keys",
     "longdoc_keys",
@@ -117,6 +118,20 @@ def churn_keys(builder: KeyBuilder, gen: np.random.Generator, capacity: int) -> 
     return keys
 
 
+def churn_sample(
+    keys: Sequence[Sized], call_ns: list[int], freed: int, hit_tokens: int
+) -> dict[str, Any]:
+    """What ``churn_row`` reads of one stream served: its requests and prompt tokens (from
+    ``keys``), every evict call's ns, the tokens they freed and the prompt tokens that hit."""
+    return {
+        "requests": len(keys),
+        "call_ns": call_ns,
+        "freed": freed,
+        "hit_tokens": hit_tokens,
+        "prompt_tokens": sum(map(len, keys)),
+    }
+
+
 def churn_row(
     shape: str, samples: dict[str, list[dict[str, Any]]], target_ratio: float
 ) -> dict[str, Any]:
@@ -128,11 +143,16 @@ def churn_row(
     ``samples[policy]`` has one dict per repetition: ``call_ns`` (each evict call),
     ``freed`` (tokens), ``hit_tokens`` and ``prompt_tokens`` (of the whole stream)."""
     row: dict[str, Any] = {"shape": shape, "requests": samples["lru"][0]["requests"]}
-    per_token: dict[str, list[float]] = {}
+    # per repetition, the evict calls' time per token freed (None: nothing freed)
+    per_token = {
+        policy: [sum(r["call_ns"]) / r["freed"] if r["freed"] else None for r in runs]
+        for policy, runs in samples.items()
+    }
     for policy, runs in samples.items():
-        per_token[policy] = [sum(r["call_ns"]) / r["freed"] for r in runs if r["freed"]]
         calls = sorted(ns for r in runs for ns in r["call_ns"])
-        row[f"{policy}_ns_per_token"] = round(statistics.median(per_token[policy]), 1)
+        row[f"{policy}_ns_per_token"] = round(
+            statistics.median(x for x in per_token[policy] if x is not None), 1
+        )
         row[f"{policy}_calls"] = int(statistics.median(len(r["call_ns"]) for r in runs))
         row[f"{policy}_freed"] = int(statistics.median(r["freed"] for r in runs))
         row[f"{policy}_total_ms"] = round(
@@ -150,9 +170,9 @@ def churn_row(
     row["rlt_over_lru_text"] = format_ratio(rlt, lru)
     row["meets_target"] = "yes" if rlt <= target_ratio * lru else "no"
     paired = [
-        (sum(rlt_run["call_ns"]) / rlt_run["freed"]) / (sum(lru_run["call_ns"]) / lru_run["freed"])
-        for rlt_run, lru_run in zip(samples["rlt"], samples["lru"], strict=True)
-        if rlt_run["freed"] and lru_run["freed"] and sum(lru_run["call_ns"])
+        rlt_rep / lru_rep
+        for rlt_rep, lru_rep in zip(per_token["rlt"], per_token["lru"], strict=True)
+        if rlt_rep is not None and lru_rep
     ]
     if len(paired) >= 2:
         low, _, high = statistics.quantiles(paired, n=4, method="inclusive")

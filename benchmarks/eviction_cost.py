@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from _common import base_parser, write_json
 from _tree_shapes import SHAPES as TREE_SHAPES
-from _tree_shapes import churn_columns, churn_keys, churn_row, eviction_row
+from _tree_shapes import churn_columns, churn_keys, churn_row, churn_sample, eviction_row
 
 from engine_ext.cache import RadixCache
 from sim.report import markdown_table
@@ -104,7 +104,7 @@ def replay(keys: Sequence[str], policy: str, capacity: int, seed: int) -> dict[s
     tokens."""
     cache = RadixCache(capacity, policy, rng=random.Random(seed))
     call_ns: list[int] = []
-    freed = hits = tokens = 0
+    freed = hits = 0
     clock = time.perf_counter_ns
     gc.collect()
     gc.disable()
@@ -120,17 +120,10 @@ def replay(keys: Sequence[str], policy: str, capacity: int, seed: int) -> dict[s
             cache.insert(key)
             cache.unlock(match.node)
             hits += match.length
-            tokens += len(key)
     finally:
         gc.enable()
     cache.check_invariants()
-    return {
-        "requests": len(keys),
-        "call_ns": call_ns,
-        "freed": freed,
-        "hit_tokens": hits,
-        "prompt_tokens": tokens,
-    }
+    return churn_sample(keys, call_ns, freed, hits)
 
 
 def measure_churn(keys: Sequence[str], repeats: int) -> dict[str, list[dict[str, Any]]]:

@@ -72,7 +72,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import base_parser, format_ratio, ratio, write_json
 from _tree_shapes import SHAPES as TREE_SHAPES
-from _tree_shapes import KeyBuilder, churn_columns, churn_keys, churn_row, eviction_row
+from _tree_shapes import (
+    KeyBuilder,
+    churn_columns,
+    churn_keys,
+    churn_row,
+    churn_sample,
+    eviction_row,
+)
 
 from engine_ext.cache.keys import key_to_ids
 from engine_ext.sglang_rlt import RLTRadixCache
@@ -263,7 +270,7 @@ def replay(
     ``cuda``), the tokens freed, and the stream's hit and prompt tokens."""
     allocator = cache.token_to_kv_pool_allocator
     call_ns: list[int] = []
-    freed = hits = tokens = 0
+    freed = hits = 0
     for ids in keys:
         match = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", ids))))
         node = match.last_device_node
@@ -280,14 +287,7 @@ def replay(
         cache.insert(InsertParams(key=RadixKey(array("q", ids)), value=value))
         cache.dec_lock_ref(node)
         hits += match.device_prefix_len
-        tokens += len(ids)
-    return {
-        "requests": len(keys),
-        "call_ns": call_ns,
-        "freed": freed,
-        "hit_tokens": hits,
-        "prompt_tokens": tokens,
-    }
+    return churn_sample(keys, call_ns, freed, hits)
 
 
 def measure_churn(

@@ -454,7 +454,7 @@ def _first_steps(
     out = np.empty(len(pages), dtype=np.int64) if kernels.COMPILED else None
     counts: np.ndarray
     counts, top = kernels.pick_counts(uniforms, start, need, len(pages), out)
-    if top < smallest or bool((counts < np.asarray(pages)).all()):
+    if _nobody_empties(counts, pages, need, smallest, top):
         gen.consume(need)
         return counts
     return None
@@ -481,10 +481,21 @@ def _steps(
     return taken, emptied
 
 
-def _nobody_empties(counts: np.ndarray, pages: np.ndarray, need: int, smallest: int) -> bool:
+def _nobody_empties(
+    counts: np.ndarray,
+    pages: np.ndarray | list[int],
+    need: int,
+    smallest: int,
+    top: int | None = None,
+) -> bool:
     """Did a first round's ``counts`` leave every leaf a page? Checked on the largest count
-    first: one call where every leaf holds more than any leaf got, the common case."""
-    return need < smallest or int(_max(counts)) < smallest or bool((counts < pages).all())
+    first (``top``, if the caller has it): one call where every leaf holds more than any
+    leaf got, the common case."""
+    if need < smallest:
+        return True
+    if top is None:
+        top = int(_max(counts))
+    return top < smallest or bool((counts < np.asarray(pages)).all())
 
 
 def _draw_picks(gen: np.random.Generator, leaves: int, need: int) -> Drawn:
