@@ -17,9 +17,11 @@ offers what it reads and calls. What is SGLang-specific lives in this module:
   a seeded run reproducible and equal to the reference (``tests/engine_sglang``);
 - the arena: every node's KV indices live in one tensor and a node's ``value`` is a view of
   it (``_place`` on insert, ``_split_node`` re-points both halves); the registry holds each
-  leaf's offset. The KV indices an eviction frees are then runs of the arena, copied out
-  in one compiled loop (``kernels.gather``; on a GPU one torch index, or a few slices) and
-  given back in one ``free_segment`` call, without touching the freed leaves' tensors.
+  leaf's offset. The KV indices an eviction frees are then runs of the arena: on a CPU
+  arena copied into a staging array by the compiled loop that cuts them
+  (``kernels.trim_gather``), on a GPU gathered by torch at the end (one index, or a few
+  slices), and given back in one ``free_segment`` call, without touching the freed
+  leaves' tensors.
   SGLang only ever copies a value out (``torch.cat`` of a path) or drops it, so views are
   safe; the arena is repacked when it fills (``_pack_arena``);
 - trimming: ``evict(n)`` drops whole pages from leaf tails. Emptied leaves go through
@@ -86,8 +88,8 @@ _DEFAULT_LOG_EVERY = 1000
 _MIN_ARENA = 2048  # tokens: the arena holds at least twice this (``_pack_arena``)
 # On a GPU arena (torch): up to this many runs to free, a slice each; more, one index.
 _FEW_RUNS = 16
-# Gather freed KV indices from a CPU arena's numpy view (``kernels.gather``, in
-# ``_free_queued``); tests turn it off to run the torch path that a GPU arena takes.
+# Copy freed KV indices out of a CPU arena's numpy view as they are cut (``_stage_tails``,
+# ``_queue_runs``); tests turn it off to run the torch path that a GPU arena takes.
 _NUMPY_GATHER = True
 
 
@@ -201,7 +203,8 @@ class _SGLangTree:
         self.capacity_tokens = capacity_tokens
         self.page_size = page_size
         self.leaves = _Leaves(page_size)
-        # Arena runs to free: (starts, lengths, their sum), arrays or (for a few) lists.
+        # Arena runs to free: (starts, lengths, their sum), arrays or (for a few) lists; on a
+        # CPU arena none (they are copied out at once: RLTRadixCache._queue_runs).
         self.runs: list[tuple[Any, Any, int]] = []
 
     @property
@@ -220,10 +223,13 @@ class _SGLangTree:
         leaves, cache, page = self.leaves, self.cache, self.page_size
         if cache.kv_events.enabled:
             cache._record_tails_removed(slots[:k].tolist(), (pages[:k] * page).tolist())
-        starts, lengths = np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64)
-        cut = kernels.trim(leaves.size, slots, pages, k, page, leaves.off, starts, lengths)
+        if cache._arena_np is not None:  # a CPU arena: the cut KV indices are copied out now
+            cut = cache._stage_tails(slots, pages, k)
+        else:
+            starts, lengths = np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64)
+            cut = kernels.trim(leaves.size, slots, pages, k, page, leaves.off, starts, lengths)
+            self.runs.append((starts, lengths, cut))
         leaves.epoch += 1
-        self.runs.append((starts, lengths, cut))
         cache.evictable_size_ -= cut
         return cut
 
@@ -242,7 +248,7 @@ class _SGLangTree:
                 starts.append(int(off[slot]) + keep)
                 lengths.append(cut)
         leaves.epoch += 1
-        self.runs.append((starts, lengths, total))
+        cache._queue_runs(starts, lengths, total)
         cache.evictable_size_ -= total
         return total
 
@@ -301,6 +307,10 @@ class RLTRadixCache(RadixCache):
         self._arena: torch.Tensor | None = None  # every node's KV indices (module docstring)
         self._arena_np: np.ndarray | None = None  # the same memory, on a CPU arena
         self._arena_top = 0
+        # On a CPU arena, the KV indices to free are copied here as they are cut, and the
+        # first ``_staged`` of them given to the pool in one call (``_free_queued``).
+        self._staging: np.ndarray | None = None
+        self._staged = 0
         # RLTEviction only reads what _SGLangTree offers; see the module docstring.
         self.rlt = RLTEviction(cast("ReferenceRadixCache", self._tree), random.Random(seed))
         super().__init__(params)
@@ -345,6 +355,8 @@ class RLTRadixCache(RadixCache):
         root["slot"] = -1
         leaves.clear()
         self._tree.runs = []  # (empty unless an evict stopped between its draw and its free)
+        self._staging = None
+        self._staged = 0
         self._arena = None
         self._arena_np = None
         self._arena_top = 0
@@ -480,6 +492,8 @@ class RLTRadixCache(RadixCache):
         self._arena = arena
         self._arena_np = arena.numpy() if _NUMPY_GATHER and arena.device.type == "cpu" else None
         self._arena_top = live
+        if self._arena_np is not None:  # room for a pool's worth, its pages touched now,
+            self._staging_room(size // 2)[self._staged :].fill(0)  # not inside an eviction
         return arena
 
     # -- eviction ------------------------------------------------------------------------
@@ -503,30 +517,29 @@ class RLTRadixCache(RadixCache):
         return EvictResult(num_tokens_evicted=freed)
 
     def _free_queued(self) -> int:
-        """Free the KV indices of every run the eviction queued, in one ``free_segment``
-        call (SGLang's LRU makes one per leaf), gathered from the arena: on a CPU arena by
-        one compiled copy per batch of runs (``kernels.gather``) into a new array (the pool
-        may keep the tensor it is given); on a GPU, with torch, a slice per run for a few
-        runs, else one index over all of them."""
+        """Free the KV indices the eviction cut, in one ``free_segment`` call (SGLang's LRU
+        makes one per leaf). On a CPU arena they are already copied out, in the staging
+        array (``_stage_tails``, ``_queue_runs``); else they are runs of the arena: a slice
+        per run for a few runs, else one index over all of them (torch, on the arena's
+        device)."""
+        staged, self._staged = self._staged, 0
+        if staged:
+            assert self._staging is not None
+            assert not self._tree.runs
+            # A view of the staging array, which the next eviction overwrites: SGLang's
+            # allocators copy what they keep ("callers may overwrite req_to_token views",
+            # ``_copy_for_free_group``), as its own callers free views of reused buffers.
+            view = torch.from_numpy(self._staging[:staged])
+            self.token_to_kv_pool_allocator.free_segment(view, start_pos=0)
+            return staged
         runs, self._tree.runs = self._tree.runs, []
         freed = sum(total for _, _, total in runs)
         if not freed:
             return 0
-        arena, mirror = self._arena, self._arena_np
+        arena = self._arena
         assert arena is not None
         indices: Any
-        if mirror is not None:
-            out = np.empty(freed, dtype=mirror.dtype)
-            at = 0
-            for starts, lengths, total in runs:
-                if total:
-                    if isinstance(starts, list):
-                        starts = np.array(starts, dtype=np.int64)
-                        lengths = np.array(lengths, dtype=np.int64)
-                    at += kernels.gather(mirror, starts, lengths, len(starts), out[at:])
-            assert at == freed, (at, freed)
-            indices = torch.from_numpy(out)
-        elif sum(len(lengths) for _, lengths, _ in runs) <= _FEW_RUNS:
+        if sum(len(lengths) for _, lengths, _ in runs) <= _FEW_RUNS:
             pieces = [
                 arena[start : start + length]
                 for starts, lengths, _ in runs
@@ -543,6 +556,52 @@ class RLTRadixCache(RadixCache):
         # the freed indices form a page-exact segment, as SGLang's LRU frees a leaf.
         self.token_to_kv_pool_allocator.free_segment(indices, start_pos=0)
         return freed
+
+    def _stage_tails(self, slots: np.ndarray, pages: np.ndarray, k: int) -> int:
+        """On a CPU arena: ``kernels.trim``'s cuts, with the KV indices they free copied
+        into the staging array in the same compiled loop (``kernels.trim_gather``)."""
+        leaves, mirror = self._leaves, self._arena_np
+        assert mirror is not None
+        staging = self._staging_room(self.evictable_size_)  # no cut frees more than that
+        at = self._staged
+        cut = kernels.trim_gather(
+            leaves.size, slots, pages, k, self.page_size, leaves.off, mirror, staging, at
+        )
+        self._staged = at + cut
+        return cut
+
+    def _queue_runs(self, starts: Any, lengths: Any, total: int) -> None:
+        """Queue arena runs to free (arrays, or lists for a few): on a CPU arena, copied
+        into the staging array now (``kernels.gather``); else kept for ``_free_queued``."""
+        mirror = self._arena_np
+        if mirror is None:
+            self._tree.runs.append((starts, lengths, total))
+            return
+        if not total:
+            return
+        if isinstance(starts, list):
+            starts = np.array(starts, dtype=np.int64)
+            lengths = np.array(lengths, dtype=np.int64)
+        staging, at = self._staging_room(total), self._staged
+        self._staged = at + kernels.gather(mirror, starts, lengths, len(starts), staging[at:])
+        assert self._staged == at + total, (self._staged, at, total)
+
+    def _staging_room(self, more: int) -> np.ndarray:
+        """The staging array, grown (keeping what is staged) to hold ``more`` after it."""
+        staging, staged = self._staging, self._staged
+        if staging is not None and len(staging) - staged >= more:
+            return staging
+        mirror = self._arena_np
+        assert mirror is not None
+        grown = np.empty(
+            max(staged + more, 2 * (0 if staging is None else len(staging)), _MIN_ARENA),
+            dtype=mirror.dtype,
+        )
+        if staged:
+            assert staging is not None
+            grown[:staged] = staging[:staged]
+        self._staging = grown
+        return grown
 
     def _delete_emptied(self, nodes: Sequence[Any]) -> int:
         """Delete RLT's emptied leaves (unlocked; children before parents) with SGLang's
@@ -569,9 +628,7 @@ class RLTRadixCache(RadixCache):
         leaves.remove_many(registered)
         leaves.compact()
         total = sum(lengths)
-        self._tree.runs.append(
-            (np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64), total)
-        )
+        self._queue_runs(np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64), total)
         return total
 
     def _record_tails_removed(self, slots: list[int], tokens: list[int]) -> None:

@@ -897,6 +897,85 @@ fail:
     return NULL;
 }
 
+/* trim_gather(size, slots, taken, k, page, off, source, out, at) -> tokens cut
+
+   trim's cuts (size[slots[i]] -= taken[i] * page, i < k) with their arena runs copied at
+   once instead of returned: source[off[slots[i]] + new size : + taken[i] * page], one after
+   another, into out from position `at` (source and out: integers of one item size). Every
+   slot, cut and run is checked, and that out has room for them all, before anything is
+   written. */
+static PyObject *trim_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_args(nargs, 9, "trim_gather") < 0) return NULL;
+    Arr a[6];
+    memset(a, 0, sizeof a);
+    Py_ssize_t k, page, at;
+    if (get_ssize(args[3], &k, "k") < 0 || get_ssize(args[4], &page, "page") < 0 ||
+        get_ssize(args[8], &at, "at") < 0)
+        return NULL;
+    if (page < 1) return PyErr_Format(PyExc_ValueError, "page: must be >= 1, got %zd", page);
+    if (get(args[0], &a[0], 1, 'i', "size") < 0 || get(args[1], &a[1], 0, 'i', "slots") < 0 ||
+        get(args[2], &a[2], 0, 'i', "taken") < 0 || get(args[5], &a[3], 0, 'i', "off") < 0 ||
+        get(args[6], &a[4], 0, 'x', "source") < 0 || get(args[7], &a[5], 1, 'x', "out") < 0)
+        goto fail;
+    if (a[4].view.itemsize != a[5].view.itemsize) {
+        PyErr_SetString(PyExc_TypeError, "out: must have source's item size");
+        goto fail;
+    }
+    if (k < 0 || k > length(&a[1]) || k > length(&a[2])) {
+        PyErr_Format(PyExc_ValueError, "k: %zd is outside the arrays", k);
+        goto fail;
+    }
+    int64_t *size = a[0].view.buf;
+    const int64_t *slots = a[1].view.buf, *taken = a[2].view.buf, *off = a[3].view.buf;
+    Py_ssize_t slots_len = length(&a[0]), have = length(&a[4]), room = length(&a[5]);
+    if (length(&a[3]) < slots_len) slots_len = length(&a[3]);
+    if (at < 0 || at > room) {
+        PyErr_Format(PyExc_ValueError, "at: %zd is outside out", at);
+        goto fail;
+    }
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (slots[i] < 0 || slots[i] >= slots_len) {
+            PyErr_Format(PyExc_IndexError, "slots[%zd] = %lld is not a slot", i,
+                         (long long)slots[i]);
+            goto fail;
+        }
+        int64_t held = size[slots[i]];
+        if (taken[i] < 0 || taken[i] > held / page) {
+            PyErr_Format(PyExc_ValueError, "taken[%zd] = %lld pages: the leaf in slot %lld "
+                         "holds %lld tokens", i, (long long)taken[i], (long long)slots[i],
+                         (long long)held);
+            goto fail;
+        }
+        int64_t cut = taken[i] * page, start = off[slots[i]] + held - cut;
+        if (off[slots[i]] < 0 || start + cut > have) {
+            PyErr_Format(PyExc_ValueError, "run %zd (start %lld, length %lld) is outside "
+                         "source", i, (long long)start, (long long)cut);
+            goto fail;
+        }
+        total += cut;
+    }
+    if (total > room - at) {
+        PyErr_Format(PyExc_ValueError, "out: %lld tokens cut, room for %zd after at",
+                     (long long)total, room - at);
+        goto fail;
+    }
+    char *dst = (char *)a[5].view.buf + at * a[5].view.itemsize;
+    const char *src = a[4].view.buf;
+    Py_ssize_t item = a[4].view.itemsize;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        int64_t cut = taken[i] * page, keep = size[slots[i]] - cut;
+        size[slots[i]] = keep;
+        memcpy(dst, src + (off[slots[i]] + keep) * item, (size_t)(cut * item));
+        dst += cut * item;
+    }
+    release(a, 6);
+    return PyLong_FromLongLong((long long)total);
+fail:
+    release(a, 6);
+    return NULL;
+}
+
 /* gather(source, starts, lengths, k, out) -> items copied
 
    source[starts[i]:starts[i] + lengths[i]] for i < k, one after another, into the start of
@@ -968,6 +1047,8 @@ static PyMethodDef methods[] = {
      "gap_first(start, end, lo, t_lo, t_hi, rings, uniforms, wanted, out) -> out"),
     FASTCALL(trim,
      "trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens cut"),
+    FASTCALL(trim_gather,
+     "trim_gather(size, slots, taken, k, page, off, source, out, at) -> tokens cut"),
     FASTCALL(gather,
      "gather(source, starts, lengths, k, out) -> items copied"),
     {NULL, NULL, 0, NULL},

@@ -76,4 +76,16 @@ def trim(
     lengths_out: Any | None,
     /,
 ) -> int: ...
+def trim_gather(
+    size: Any,
+    slots: Any,
+    taken: Any,
+    k: int,
+    page: int,
+    off: Any,
+    source: Any,
+    out: Any,
+    at: int,
+    /,
+) -> int: ...
 def gather(source: Any, starts: Any, lengths: Any, k: int, out: Any, /) -> int: ...

@@ -67,6 +67,10 @@ the same results.
   negative size); with ``off`` (else ``None`` for it and both outputs), also
   the runs of arena positions cut, ``starts_out[i] = off[slots[i]] + new size`` and
   ``lengths_out[i] = taken[i] * page``.
+- ``trim_gather(size, slots, taken, k, page, off, source, out, at) -> tokens``: ``trim``'s
+  cuts with their runs copied at once, ``source[off[slots[i]] + new size:][:taken[i] *
+  page]`` one after another into ``out`` from position ``at`` (room for them all checked
+  before anything is written): a CPU arena's freed KV indices, without the runs' arrays.
 - ``gather(source, starts, lengths, k, out) -> items``: the runs
   ``source[starts[i]:starts[i] + lengths[i]]``, ``i < k``, one after another into the start
   of ``out`` (integers of one item size, 4 or 8 bytes).
@@ -99,6 +103,7 @@ __all__ = [
     "run_positions",
     "steps",
     "trim",
+    "trim_gather",
 ]
 
 WHOLE, DRAW, SHORT, STEPS = 0, 1, 2, 3  # what ``first_round`` says
@@ -421,6 +426,27 @@ def numpy_trim(
     return int(_sum(cut)) if k else 0
 
 
+def numpy_trim_gather(
+    size: np.ndarray,
+    slots: np.ndarray,
+    taken: np.ndarray,
+    k: int,
+    page: int,
+    off: np.ndarray,
+    source: np.ndarray,
+    out: np.ndarray,
+    at: int,
+) -> int:
+    cut = int(_sum(taken[:k])) * page if k else 0
+    if cut > len(out) - at:  # before anything is written, as the compiled loop
+        raise ValueError(f"out: {cut} tokens cut, room for {len(out) - at} after at")
+    starts, lengths = np.empty(k, np.int64), np.empty(k, np.int64)
+    numpy_trim(size, slots, taken, k, page, off, starts, lengths)
+    if cut:
+        out[at : at + cut] = source[run_positions(starts, lengths)]
+    return cut
+
+
 def numpy_gather(
     source: np.ndarray, starts: np.ndarray, lengths: np.ndarray, k: int, out: np.ndarray
 ) -> int:
@@ -443,6 +469,7 @@ NUMPY_LOOPS = {
     "gap_rings": numpy_gap_rings,
     "gap_first": numpy_gap_first,
     "trim": numpy_trim,
+    "trim_gather": numpy_trim_gather,
     "gather": numpy_gather,
 }
 
@@ -458,6 +485,7 @@ try:
         pick_counts,
         steps,
         trim,
+        trim_gather,
     )
 
     COMPILED = True

@@ -166,6 +166,53 @@ def test_trim_agrees(leaves: list[tuple[int, int]], page: int, runs: bool, rnd: 
         assert lengths_after == [pages * page for pages in taken]
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 30), st.integers(0, 30)), min_size=1, max_size=20),
+    st.sampled_from([1, 2, 4]),
+    st.integers(0, 5),
+    st.randoms(use_true_random=False),
+)
+def test_trim_gather_cuts_and_copies_what_trim_and_gather_do(
+    leaves: list[tuple[int, int]], page: int, at: int, rnd: Any
+) -> None:
+    """``trim_gather`` == ``trim`` with runs, then ``gather`` of those runs into ``out`` from
+    ``at``; C and twin alike, and nothing written outside ``out[at:at + cut]``."""
+    sizes = [pages * page for pages, _ in leaves]
+    chosen = rnd.sample(range(len(leaves)), rnd.randint(0, len(leaves)))  # any order
+    slots = np.array(chosen, np.int64)
+    cuts = np.array([min(leaves[i][1], leaves[i][0]) for i in chosen], np.int64)
+    off = np.cumsum([0, *sizes[:-1]]).astype(np.int64)  # leaves laid out one after another
+    source = np.arange(1000, 1000 + sum(sizes), dtype=np.int64)
+    want_size = np.array(sizes, np.int64)
+    starts, lengths = np.empty(len(slots), np.int64), np.empty(len(slots), np.int64)
+    want_cut = kernels.numpy_trim(want_size, slots, cuts, len(slots), page, off, starts, lengths)
+    want = np.full(at + want_cut + 3, -1, np.int64)
+    kernels.numpy_gather(source, starts, lengths, len(slots), want[at:])
+    assert want_cut == int(cuts.sum()) * page
+    for fn in both("trim_gather"):
+        size = np.array(sizes, np.int64)
+        out = np.full(at + want_cut + 3, -1, np.int64)
+        assert fn(size, slots, cuts, len(slots), page, off, source, out, at) == want_cut
+        assert out.tolist() == want.tolist()
+        assert size.tolist() == want_size.tolist()
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_trim_gather_refuses_a_short_out_before_writing(impl: str) -> None:
+    trim_gather = implementation(impl, "trim_gather")
+    size, off = np.array([4, 6], np.int64), np.array([0, 4], np.int64)
+    source, out = np.arange(10, dtype=np.int64), np.full(6, -1, np.int64)
+    slots, taken = np.array([0, 1], np.int64), np.array([2, 3], np.int64)
+    with pytest.raises(ValueError, match="out: 5 tokens cut, room for 4 after at"):
+        trim_gather(size, slots, taken, 2, 1, off, source, out, 2)
+    assert size.tolist() == [4, 6], "a refused call wrote nothing"
+    assert out.tolist() == [-1] * 6
+    assert trim_gather(size, slots, taken, 2, 1, off, source, out, 1) == 5
+    assert size.tolist() == [2, 3]
+    assert out.tolist() == [-1, 2, 3, 7, 8, 9]
+
+
 @pytest.mark.parametrize("dtype", [np.int64, np.int32])
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_gather_copies_the_runs_in_order(impl: str, dtype: type) -> None:
@@ -233,6 +280,26 @@ def test_the_compiled_loops_refuse_bad_input_before_writing() -> None:
     assert size.tolist() == before, "a refused trim wrote nothing"
     with pytest.raises(ValueError, match=r"run 0 .* is outside source or out"):
         gather(np.arange(10), np.array([8], np.int64), np.array([5], np.int64), 1, out)
+    trim_gather = implementation("compiled", "trim_gather")
+    off, source = np.array([0, 4, 8, 12], np.int64), np.arange(16, dtype=np.int64)
+    bad_runs = (  # each refused before anything is written
+        ((np.array([0, 9], np.int64), np.array([1, 1], np.int64), off, source, 0),
+         IndexError, r"slots\[1\] = 9 is not a slot"),
+        ((np.array([0, 2], np.int64), np.array([1, 5], np.int64), off, source, 0),
+         ValueError, r"taken\[1\] = 5 pages: the leaf in slot 2 holds 4"),
+        ((np.array([0, 3], np.int64), np.array([1, 1], np.int64), off, source[:14], 0),
+         ValueError, r"run 1 \(start 15, length 1\) is outside source"),
+        ((np.array([0], np.int64), np.array([1], np.int64), off, source, 5),
+         ValueError, "at: 5 is outside out"),
+        ((np.array([0], np.int64), np.array([1], np.int64), off, source.astype(np.int32), 0),
+         TypeError, "out: must have source's item size"),
+    )  # fmt: skip
+    for (slots, taken, offsets, src, at), error, message in bad_runs:
+        staged = np.full(4, -1, np.int64)
+        with pytest.raises(error, match=message):
+            trim_gather(size, slots, taken, len(slots), 1, offsets, src, staged, at)
+        assert size.tolist() == before
+        assert staged.tolist() == [-1] * 4
     with pytest.raises(TypeError, match="out: must have source's item size"):
         gather(
             np.arange(10),
@@ -661,6 +728,19 @@ for _ in range(200):
     n = compiled.gather(source, starts, lengths, k, out)
     assert n == kernels.numpy_gather(source, starts, lengths, k, twin)
     assert (out[:n] == twin[:n]).all()
+for _ in range(200):  # trim_gather against its twin, into the end of out
+    k = rng.randint(0, 20)
+    sizes = np.array([rng.randrange(1, 250) for _ in range(k)], np.int64)  # in source
+    off = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    slots = np.array(rng.sample(range(k), k), np.int64)
+    taken = np.array([rng.randrange(0, int(sizes[i]) + 1) for i in slots], np.int64)
+    at = rng.randrange(0, 50)
+    room = at + int(taken.sum())
+    out, twin = np.full(room, -1, np.int64), np.full(room, -1, np.int64)
+    size, twin_size = sizes.copy(), sizes.copy()
+    cut = compiled.trim_gather(size, slots, taken, k, 1, off, source, out, at)
+    assert cut == kernels.numpy_trim_gather(twin_size, slots, taken, k, 1, off, source, twin, at)
+    assert out.tolist() == twin.tolist() and size.tolist() == twin_size.tolist()
 print("clean")
 """
 

@@ -239,6 +239,55 @@ def test_a_full_arena_is_packed_and_every_value_kept(monkeypatch: pytest.MonkeyP
     assert allocator.in_use == set()
 
 
+def test_a_cpu_arena_stages_the_same_frees_that_torch_gathers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a CPU arena an eviction copies the KV indices it cuts into a staging array as it
+    cuts them (``kernels.trim_gather``; an emptied leaf's by ``kernels.gather``) and hands
+    the pool a view of it, reused by the next eviction; a GPU arena gathers the runs with
+    torch at the end. On one seeded stream the pool gets the same indices in the same
+    order, call by call, whichever way they were gathered."""
+    logs: list[list[list[int]]] = []
+    for staged in (True, False):
+        monkeypatch.setattr(sglang_rlt, "_NUMPY_GATHER", staged)
+        cache, allocator = rlt_cache(60, seed=3)
+        calls: list[list[int]] = []
+
+        def logged(
+            values: torch.Tensor,
+            free: Callable[[torch.Tensor], None] = allocator.free,
+            calls: list[list[int]] = calls,
+        ) -> None:
+            calls.append(values.tolist())
+            free(values)
+
+        monkeypatch.setattr(allocator, "free", logged)
+        worker = Worker(cache, allocator)
+        for ids in shared_prefix_requests(5, 80):
+            worker.serve(ids)
+        assert (cache._staging is not None) is staged
+        check_tree(cache, allocator)
+        logs.append(calls)
+    assert logs[0] == logs[1]
+    assert len(logs[0]) == len(worker.evicted) > 10
+
+
+def test_the_staging_array_grows_keeping_what_is_staged() -> None:
+    cache, allocator = rlt_cache(40)
+    insert(cache, allocator, list(range(10)))  # the CPU arena and its staging array
+    staging = cache._staging
+    assert staging is not None
+    assert len(staging) >= 40
+    staging[:3] = [7, 8, 9]
+    cache._staged = 3
+    assert cache._staging_room(len(staging) - 3) is staging  # room enough: the same array
+    grown = cache._staging_room(len(staging))  # one more than is left
+    assert grown is cache._staging is not staging
+    assert len(grown) >= len(staging) + 3
+    assert grown[:3].tolist() == [7, 8, 9]
+    cache._staged = 0
+
+
 def test_reset_flushes_tree_and_marks() -> None:
     cache, allocator = rlt_cache(50)
     worker = Worker(cache, allocator)
