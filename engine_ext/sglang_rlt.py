@@ -180,6 +180,21 @@ def _as_list(values: Any) -> list[int]:
     return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
 
+def _positions_on(device: torch.device, starts: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
+    """The arena positions of the runs (``kernels.run_positions``), as an index on ``device``.
+
+    To a CUDA device through pinned memory and without blocking: a copy from pageable memory
+    (a plain ``.to(device)``) makes the host wait for every kernel already queued on the
+    stream, so an eviction would stall the scheduler that overlaps it with the running
+    batch's forward pass. The caching host allocator keeps the pinned copy until the
+    transfer is done, and the index that reads it is queued after it on the same stream.
+    """
+    positions = torch.from_numpy(kernels.run_positions(starts, lengths))
+    if device.type == "cuda":
+        return positions.pin_memory().to(device, non_blocking=True)
+    return positions.to(device)
+
+
 def check_sglang_version(version: str) -> None:
     """Refuse SGLang releases outside 0.5.x: the subclass relies on 0.5's private helpers."""
     parts = version.split(".")
@@ -478,8 +493,7 @@ class RLTRadixCache(RadixCache):
         if live:
             old = self._arena
             assert old is not None
-            positions = torch.from_numpy(kernels.run_positions(starts, lengths)).to(old.device)
-            arena[:live] = old.index_select(0, positions)
+            arena[:live] = old.index_select(0, _positions_on(old.device, starts, lengths))
         off = self._leaves.off
         top = 0
         for node, length in zip(nodes, lengths.tolist(), strict=True):
@@ -550,8 +564,7 @@ class RLTRadixCache(RadixCache):
         else:
             starts = np.concatenate([np.asarray(run[0], dtype=np.int64) for run in runs])
             lengths = np.concatenate([np.asarray(run[1], dtype=np.int64) for run in runs])
-            positions = torch.from_numpy(kernels.run_positions(starts, lengths)).to(arena.device)
-            indices = arena.index_select(0, positions)
+            indices = arena.index_select(0, _positions_on(arena.device, starts, lengths))
         # Tree values are page-aligned copies of KV rows and every run is whole pages, so
         # the freed indices form a page-exact segment, as SGLang's LRU frees a leaf.
         self.token_to_kv_pool_allocator.free_segment(indices, start_pos=0)

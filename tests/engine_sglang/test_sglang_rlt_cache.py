@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, Ma
 from sglang.srt.mem_cache.events import BlockRemoved, BlockStored, KVCacheEventRecorder
 from sglang.srt.mem_cache.radix_cache import TreeNode
 from sglang_harness import (
+    DEVICE,
     TrackingAllocator,
     Worker,
     cache_params,
@@ -237,6 +239,56 @@ def test_a_full_arena_is_packed_and_every_value_kept(monkeypatch: pytest.MonkeyP
     check_tree(cache, allocator)
     evict(cache, 1_000)
     assert allocator.in_use == set()
+
+
+@contextmanager
+def device_waits_are_errors() -> Iterator[None]:
+    """torch's sync debug mode: a call that makes the host wait for the CUDA device raises."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.skipif(
+    DEVICE != "cuda",
+    reason="host-device waits exist on a CUDA pool only (KVROUTE_TEST_DEVICE=cuda, "
+    "scripts/gpu_engine_check.sh)",
+)
+@pytest.mark.parametrize("few_runs", [16, 0], ids=["slices", "one-index"])
+def test_a_gpu_arena_evicts_and_packs_without_waiting_for_the_device(
+    few_runs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CUDA pool (SGLang's own allocator) an eviction, whichever way it gathers the
+    freed indices (a slice per run, or one index over all runs), and a pack of the arena
+    queue their work and return: none makes the host wait for the device. A wait there
+    would stall SGLang's scheduler, which runs while the GPU computes the batch before."""
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+
+    monkeypatch.setattr(sglang_rlt, "_FEW_RUNS", few_runs)
+    allocator = TokenToKVPoolAllocator(200, torch.bfloat16, "cuda", None, need_sort=False)
+    cache = RLTRadixCache(cache_params(allocator), seed=0)
+    evicted = []
+    for ids in shared_prefix_requests(7, 120):
+        node = match(cache, ids).last_device_node
+        receipt = cache.inc_lock_ref(node)
+        need = len(ids) - len(cache.path_device_indices(node))
+        if need > allocator.available_size():
+            with device_waits_are_errors():
+                evicted.append(evict(cache, need - allocator.available_size()))
+        value = torch.cat([cache.path_device_indices(node), allocator.alloc(need)])
+        cache.insert(InsertParams(key=radix_key(ids), value=value))
+        cache.dec_lock_ref(node, receipt.to_dec_params())
+    assert len(evicted) > 10
+    assert all(evicted)
+    paths = {id(n): cache.path_device_indices(n).tolist() for n in iter_nodes(cache)}
+    with device_waits_are_errors():
+        cache._pack_arena(0, cache._arena, None)
+    assert {id(n): cache.path_device_indices(n).tolist() for n in iter_nodes(cache)} == paths
+    held = cache.all_values_flatten().tolist()
+    free = allocator.free_pages.tolist()
+    assert sorted(held + free) == list(range(1, 201))  # every index held or free, once
 
 
 def test_a_cpu_arena_stages_the_same_frees_that_torch_gathers(
