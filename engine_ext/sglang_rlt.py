@@ -144,6 +144,12 @@ class _RegisteredLeaf(TreeNode):
     hash_value = _deferred("hash_value")
     event_hash_value = _deferred("event_hash_value")
 
+    @property
+    def evicted(self) -> bool:
+        """SGLang's ``value is None``, without applying a pending cut (a cut never makes a
+        value None): deleting a leaf asks it of every sibling (``_update_leaf_status``)."""
+        return self.__dict__["value"] is None
+
 
 class _Leaves(LeafRegistry):
     """The reference cache's leaf registry (order, sizes, marks and locks as arrays) plus

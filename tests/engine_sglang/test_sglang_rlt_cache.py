@@ -216,6 +216,22 @@ def test_a_pending_trim_is_applied_when_sglang_first_reads_the_leaf(
     check_tree(cache, allocator)
 
 
+def test_asking_whether_a_leaf_is_evicted_applies_no_pending_cut() -> None:
+    """SGLang asks ``evicted`` of every sibling when it deletes a leaf; the answer needs
+    no cut, so pending trims stay deferred (and the answer is SGLang's: a value is there)."""
+    cache, allocator = rlt_cache(100)
+    insert(cache, allocator, [1, 2, 3, 4, 5, 6])
+    insert(cache, allocator, [1, 2, 3, 7, 8, 9])  # two leaves of 3 under [1, 2, 3]
+    cache.rlt.new_phase()
+    assert evict(cache, 2) == 2
+    pending = [node for node in iter_nodes(cache) if is_pending(node)]
+    assert pending
+    for node in pending:
+        assert node.evicted is False
+        assert is_pending(node)
+    check_tree(cache, allocator)
+
+
 def test_a_full_arena_is_packed_and_every_value_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     """The arena holds twice the pool; once its end is reached (evicted and trimmed
     tokens leave holes), the next insert packs the live KV indices into a new one and
