@@ -405,11 +405,16 @@ def test_redis_restart_keeps_routing_and_index_sync_resumes(
 
     own_redis.stop()
     for i in range(4):  # routing goes on, on the embedded load store
+        # A replica's load mirror meets Redis only when it syncs: when a read finds its copy
+        # older than a decay tick (20 ms), or a reservation outlives the batching interval
+        # (a request that ends first is cancelled locally, and never sent). So the rounds
+        # are a tick apart: a fast machine would otherwise serve them all from the copy.
+        time.sleep(0.03)
         for router in (a, b):
             assert router.client.post("/generate", json={"text": f"during {i}"}).status_code == 200
     for router in (a, b):
-        # A replica's load mirror writes to Redis in batches (a request never waits on it),
-        # so it finds Redis gone at its next sync, a tick after the requests, not at once.
+        # The sync runs after the request (a request never waits on Redis), so a replica
+        # finds Redis gone a moment after its request, not at once.
         assert wait_until(lambda r=router: _health(r)["status"] == "degraded", 5, 0.05)
         assert _health(router)["store"]["mode"] == "embedded-fallback"
     during = _prompt("during")
