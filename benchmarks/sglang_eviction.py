@@ -43,7 +43,12 @@ match, lock the prefix, evict the tokens the request's new part needs beyond the
 free room, allocate, insert, unlock. Every evict call is timed (CPU ns on a CPU pool); the
 figure is their total per token freed (median over repetitions, RLT seeded differently in
 each), with the calls' p50 and p99 and the stream's hit rate. RLT's trims leave short
-leaves, which empty often: a fresh tree has none, so only this table times that path.
+leaves, which empty often: a fresh tree has none, so only this table times that path. The
+next table serves the same streams ``--churn-batch`` (default 8) requests at a time, as
+SGLang's scheduler admits a prefill batch: every request of the batch matched and locked,
+one eviction for all their new tokens, then each allocated and inserted. Leaf-LRU frees
+whole leaves, more than asked, which spares it calls while RLT frees what is asked; one
+call per batch shares each call's fixed cost among its requests.
 
 Tree building. Every build is timed too (CPU time of its matches, allocations and inserts):
 the ``rlt`` backend marks paths and keeps its leaf registry and arena up to date on every
@@ -91,6 +96,7 @@ TREE_TOKENS = 100_000
 TARGET_RATIO = 1.0
 SEED = 0
 FLOOR_REPEATS = 7  # each costs one more tree build
+CHURN_BATCH = 8  # requests a batch in the second churn table (a prefill batch's worth)
 
 Ids = list[int]
 
@@ -263,35 +269,56 @@ def measure_point(
 
 
 def replay(
-    keys: Sequence[Ids], cache: RadixCache, capacity: int, cuda: bool = False
+    keys: Sequence[Ids], cache: RadixCache, capacity: int, cuda: bool = False, batch: int = 1
 ) -> dict[str, Any]:
     """Serve the churn stream ``keys`` (module docstring) with ``cache``, whose KV pool
-    holds ``capacity`` tokens: every evict call's ns (CPU ns, or synchronized wall ns with
-    ``cuda``), the tokens freed, and the stream's hit and prompt tokens."""
+    holds ``capacity`` tokens, ``batch`` requests at a time: match and lock each request's
+    prefix, evict once what the batch's new tokens need beyond the pool's free room (SGLang
+    allocates a batch's tokens together), then allocate and insert each request (matched
+    again first, as it may now reach what the batch inserted before it) and unlock. Every
+    evict call's ns (CPU ns, or synchronized wall ns with ``cuda``), the tokens freed, and
+    the stream's hit tokens (matched before the batch's inserts) and prompt tokens."""
     allocator = cache.token_to_kv_pool_allocator
     call_ns: list[int] = []
     freed = hits = 0
-    for ids in keys:
-        match = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", ids))))
-        node = match.last_device_node
-        cache.inc_lock_ref(node)  # the scheduler holds the prefix while it allocates
-        need = len(ids) - match.device_prefix_len
+
+    def match(ids: Ids) -> Any:
+        return cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", ids))))
+
+    def make_room(need: int) -> None:
+        nonlocal freed
         # the pool's free room: every index it handed out is in the tree
-        room = capacity - cache.evictable_size() - cache.protected_size()
-        if need > room:
-            cpu, wall, got = timed_evict(cache, need - room, cuda, collect=False)
+        short = need - (capacity - cache.evictable_size() - cache.protected_size())
+        if short > 0:
+            cpu, wall, got = timed_evict(cache, short, cuda, collect=False)
             call_ns.append(wall if cuda else cpu)
             freed += got
-        fresh = allocator.alloc(need)
-        value = torch.cat([cache.path_device_indices(node), fresh])
-        cache.insert(InsertParams(key=RadixKey(array("q", ids)), value=value))
-        cache.dec_lock_ref(node)
-        hits += match.device_prefix_len
+
+    for start in range(0, len(keys), batch):
+        group = keys[start : start + batch]
+        matches = [match(ids) for ids in group]
+        for found in matches:
+            cache.inc_lock_ref(found.last_device_node)  # held while the batch allocates
+        hits += sum(found.device_prefix_len for found in matches)
+        make_room(sum(len(i) - m.device_prefix_len for i, m in zip(group, matches, strict=True)))
+        for i, ids in enumerate(group):
+            found = matches[i] if i == 0 else match(ids)
+            node = found.last_device_node
+            if i:
+                cache.inc_lock_ref(node)  # its path, perhaps longer now, while it allocates
+            need = len(ids) - found.device_prefix_len
+            make_room(need)  # (the batch's eviction made room for all of them)
+            value = torch.cat([cache.path_device_indices(node), allocator.alloc(need)])
+            cache.insert(InsertParams(key=RadixKey(array("q", ids)), value=value))
+            if i:
+                cache.dec_lock_ref(node)
+        for found in matches:
+            cache.dec_lock_ref(found.last_device_node)
     return churn_sample(keys, call_ns, freed, hits)
 
 
 def measure_churn(
-    keys: Sequence[Ids], repeats: int, pool: str, device: str = "cpu"
+    keys: Sequence[Ids], repeats: int, pool: str, device: str = "cpu", batch: int = 1
 ) -> dict[str, list[dict[str, Any]]]:
     """Per policy, one ``replay`` per repetition, policies interleaved; the collector is off
     for each whole stream (collected before it)."""
@@ -302,7 +329,7 @@ def measure_churn(
             gc.disable()
             try:
                 cache = make_cache(policy, TREE_TOKENS, rep, pool, device)
-                samples[policy].append(replay(keys, cache, TREE_TOKENS, device != "cpu"))
+                samples[policy].append(replay(keys, cache, TREE_TOKENS, device != "cpu", batch))
             finally:
                 gc.enable()
     return samples
@@ -395,6 +422,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--churn-repeats", type=int, default=None, help="default 5 (2 with --quick)"
     )
     parser.add_argument(
+        "--churn-batch",
+        type=int,
+        default=CHURN_BATCH,
+        help=f"requests per eviction in the batched churn table (default {CHURN_BATCH}; >= 2)",
+    )
+    parser.add_argument(
         "--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES), help="tree shapes"
     )
     parser.add_argument(
@@ -414,6 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     churn_repeats = args.churn_repeats or (2 if args.quick else 5)
     if churn_repeats < 1:
         parser.error("--churn-repeats must be >= 1")
+    if args.churn_batch < 2:
+        parser.error("--churn-batch must be >= 2 (the first churn table is one request a batch)")
     device = args.device
     if device != "cpu":
         if not device.startswith("cuda"):
@@ -426,6 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     builds: list[dict[str, Any]] = []
     churn: list[dict[str, Any]] = []
+    churn_batched: list[dict[str, Any]] = []
     for shape in args.shapes:
         keys = SHAPES[shape](np.random.default_rng(SEED), TREE_TOKENS)
         stats = tree_stats(keys, args.pool, device)
@@ -441,10 +477,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 build_ns[policy].extend(samples[policy]["build_ns"])
         builds.append(build_row(shape, len(keys), build_ns))
         stream = churn_keys(TREE_SHAPES[shape], np.random.default_rng(SEED), TREE_TOKENS)
-        samples_churn = measure_churn(
-            [key_to_ids(key) for key in stream], churn_repeats, args.pool, device
-        )
-        churn.append(churn_row(shape, samples_churn, TARGET_RATIO))
+        ids = [key_to_ids(key) for key in stream]
+        for batch, table in ((1, churn), (args.churn_batch, churn_batched)):
+            samples_churn = measure_churn(ids, churn_repeats, args.pool, device, batch)
+            table.append(churn_row(shape, samples_churn, TARGET_RATIO) | {"batch": batch})
     wall_s = time.perf_counter() - started
 
     version = _sglang_version()
@@ -460,6 +496,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(every evict call, {'CPU' if device == 'cpu' else 'wall'} time):\n"
     )
     print(markdown_table(churn, CHURN_COLUMNS) + "\n")
+    print(
+        f"The same streams, {args.churn_batch} requests a batch: one evict call for the "
+        "batch's new tokens, as SGLang allocates a prefill batch's tokens together:\n"
+    )
+    print(markdown_table(churn_batched, CHURN_COLUMNS) + "\n")
     print("Tree building, CPU time of match + allocate + insert per request:\n")
     print(markdown_table(builds, BUILD_COLUMNS) + "\n")
     held = sum(1 for r in rows if r["meets_target"] == "yes")
@@ -470,7 +511,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"the pool floor alone costs more per token than lru at {beyond} of {len(rows)} "
         f"points (median of {min(repeats, args.floor_repeats)} repeats)\n"
         f"under churn, rlt <= lru per token freed for "
-        f"{sum(1 for r in churn if r['meets_target'] == 'yes')} of {len(churn)} shapes "
+        f"{sum(1 for r in churn if r['meets_target'] == 'yes')} of {len(churn)} shapes, "
+        f"{sum(1 for r in churn_batched if r['meets_target'] == 'yes')} of "
+        f"{len(churn_batched)} with {args.churn_batch} requests a batch "
         f"(median of {churn_repeats} streams)"
     )
     sys.stdout.flush()
@@ -491,6 +534,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "builds": builds,
             "churn_repeats": churn_repeats,
             "churn": churn,
+            "churn_batch": args.churn_batch,
+            "churn_batched": churn_batched,
             "wall_s": round(wall_s, 3),
             "shapes": shapes,
             "rows": rows,

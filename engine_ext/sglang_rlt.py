@@ -627,23 +627,30 @@ class RLTRadixCache(RadixCache):
         helpers, queueing their arena runs; a parent that is left childless, and is not
         deleted later in ``nodes``, joins the registry."""
         leaves, root, gone = self._leaves, self.root_node, set(nodes)
+        events = self.kv_events.enabled
         registered: list[Any] = []
         starts: list[int] = []
         lengths: list[int] = []
         for node in nodes:
             state = node.__dict__
+            length = state["rlt_len"]
             if state["slot"] >= 0:
-                _current(node)  # so that SGLang counts (and reports) what is left of it
                 registered.append(node)
+                if events:
+                    length = len(_current(node)["key"])  # the event reports what is left
+                else:  # no cut: nothing reads a deleted leaf's key or value again
+                    length = int(leaves.size[state["slot"]])
+                    # SGLang's _delete_leaf takes the stored key's length off the evictable
+                    # size; the trims since it was cut are off it already (cut_tails).
+                    self.evictable_size_ += state["rlt_len"] - length
+                node.__class__ = TreeNode  # SGLang reads the stored attributes from here on
             starts.append(state["rlt_off"])
-            lengths.append(state["rlt_len"])
+            lengths.append(length)
             parent = node.parent
             self._delete_leaf(node)
             self.kv_events.record_remove(node)
             if not parent.children and parent is not root and parent not in gone:
                 leaves.add(parent)
-        for node in registered:
-            node.__class__ = TreeNode
         leaves.remove_many(registered)
         leaves.compact()
         total = sum(lengths)

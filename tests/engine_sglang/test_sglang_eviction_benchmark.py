@@ -48,11 +48,17 @@ def test_a_small_run_writes_both_policies_per_point(tmp_path: Path) -> None:
             row["floor_ns_per_token"] / row["lru_ns_per_token"]
         )
     (churn,) = doc["churn"]
-    assert churn["shape"] == "longdoc"
-    for policy in ("lru", "rlt"):
-        assert churn[f"{policy}_calls"] > 0
-        assert churn[f"{policy}_freed"] > 0
-        assert 0 < churn[f"{policy}_hit_rate"] < 1
+    (batched,) = doc["churn_batched"]
+    assert doc["churn_batch"] == sglang_eviction.CHURN_BATCH
+    assert (churn["batch"], batched["batch"]) == (1, sglang_eviction.CHURN_BATCH)
+    for row in (churn, batched):
+        assert row["shape"] == "longdoc"
+        for policy in ("lru", "rlt"):
+            assert row[f"{policy}_calls"] > 0
+            assert row[f"{policy}_freed"] > 0
+            assert 0 < row[f"{policy}_hit_rate"] < 1
+    for policy in ("lru", "rlt"):  # one call for a batch's requests, not one for each
+        assert batched[f"{policy}_calls"] < churn[f"{policy}_calls"]
     (build,) = doc["builds"]
     assert build["shape"] == "longdoc"
     assert build["builds"] == len(sglang_eviction.EVICT_TOKENS)  # one per point and policy
@@ -85,12 +91,15 @@ def test_the_pool_floor_frees_as_many_of_the_trees_indices_in_one_call() -> None
     assert set(calls[0]) <= held
 
 
-@pytest.mark.parametrize("shape", ["chat", "longdoc"])
+@pytest.mark.parametrize(("shape", "batch"), [("chat", 1), ("longdoc", 1), ("chat", 8)])
 @pytest.mark.parametrize("policy", ["lru", "rlt"])
-def test_under_churn_every_kv_index_is_in_the_tree_or_free_once(shape: str, policy: str) -> None:
+def test_under_churn_every_kv_index_is_in_the_tree_or_free_once(
+    shape: str, batch: int, policy: str
+) -> None:
     """A full cache serving a churn stream (RLT: leaves trimmed short, emptied page by page,
-    parents joining): at the end the pool's free indices and the tree's are disjoint,
-    distinct and all of the pool, so no index was freed twice or lost."""
+    parents joining), one request or a batch of them per eviction: at the end the pool's
+    free indices and the tree's are disjoint, distinct and all of the pool, so no index was
+    freed twice or lost."""
     from _tree_shapes import SHAPES as KEY_SHAPES
     from _tree_shapes import churn_keys
 
@@ -99,9 +108,9 @@ def test_under_churn_every_kv_index_is_in_the_tree_or_free_once(shape: str, poli
     capacity = 20_000
     stream = churn_keys(KEY_SHAPES[shape], np.random.default_rng(5), capacity)
     cache = sglang_eviction.make_cache(policy, capacity, 3, "sglang", DEVICE)
-    got = sglang_eviction.replay([key_to_ids(k) for k in stream], cache, capacity)
+    got = sglang_eviction.replay([key_to_ids(k) for k in stream], cache, capacity, batch=batch)
     assert got["freed"] > 0
-    assert len(got["call_ns"]) >= 3  # it evicted again and again
+    assert 3 <= len(got["call_ns"]) <= -(-len(stream) // batch)  # at most one call a batch
     held = cache.all_values_flatten().tolist()
     free = cache.token_to_kv_pool_allocator.free_pages.tolist()
     assert len(held) == len(set(held)) == cache.total_size()
@@ -128,6 +137,13 @@ def test_an_unknown_device_or_no_gpu_is_a_usage_error(
         sglang_eviction.main(["--device", device, "--out", "/dev/null"])
     assert exit_info.value.code == 2
     assert "--device" in capsys.readouterr().err
+
+
+def test_a_churn_batch_below_two_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        sglang_eviction.main(["--churn-batch", "1", "--out", "/dev/null"])
+    assert exit_info.value.code == 2
+    assert "--churn-batch must be >= 2" in capsys.readouterr().err
 
 
 def test_a_floor_of_no_repeats_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
