@@ -897,6 +897,57 @@ fail:
     return NULL;
 }
 
+/* first_emptying(picks, n, remaining, k, counts_out) -> (position, counts_out)
+
+   A cut round's picks in order (leaf indices in 0..k): the position of the first pick that
+   takes a leaf's last page (counts reaching remaining[leaf]) and counts_out[:k], the picks
+   per leaf up to and including it; (-1, the counts of all n picks) if none does. */
+static PyObject *first_emptying(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_args(nargs, 5, "first_emptying") < 0) return NULL;
+    Arr a[3];
+    memset(a, 0, sizeof a);
+    Py_ssize_t n, k;
+    if (get_ssize(args[1], &n, "n") < 0 || get_ssize(args[3], &k, "k") < 0) return NULL;
+    if (get(args[0], &a[0], 0, 'i', "picks") < 0 || get(args[2], &a[1], 0, 'i', "remaining") < 0 ||
+        get(args[4], &a[2], 1, 'i', "counts_out") < 0)
+        goto fail;
+    if (n < 0 || n > length(&a[0])) {
+        PyErr_Format(PyExc_ValueError, "n: %zd is outside the picks", n);
+        goto fail;
+    }
+    if (k < 1 || k > length(&a[1]) || k > length(&a[2])) {
+        PyErr_Format(PyExc_ValueError, "k: %zd is not in 1..len(remaining), len(counts_out)", k);
+        goto fail;
+    }
+    const int64_t *picks = a[0].view.buf, *remaining = a[1].view.buf;
+    int64_t *counts = a[2].view.buf;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (remaining[i] < 1) {
+            PyErr_Format(PyExc_ValueError, "remaining[%zd] = %lld: every leaf holds a page",
+                         i, (long long)remaining[i]);
+            goto fail;
+        }
+    }
+    memset(counts, 0, (size_t)k * sizeof(int64_t));
+    Py_ssize_t at = -1;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int64_t leaf = picks[j];
+        if (leaf < 0 || leaf >= k) {
+            PyErr_Format(PyExc_ValueError, "picks[%zd] = %lld is not a leaf", j, (long long)leaf);
+            goto fail;
+        }
+        if (++counts[leaf] == remaining[leaf]) {
+            at = j;
+            break;
+        }
+    }
+    release(a, 3);
+    return Py_BuildValue("(nO)", at, args[4]);
+fail:
+    release(a, 3);
+    return NULL;
+}
+
 /* trim_gather(size, slots, taken, k, page, off, source, out, at) -> tokens cut
 
    trim's cuts (size[slots[i]] -= taken[i] * page, i < k) with their arena runs copied at
@@ -1047,6 +1098,8 @@ static PyMethodDef methods[] = {
      "gap_first(start, end, lo, t_lo, t_hi, rings, uniforms, wanted, out) -> out"),
     FASTCALL(trim,
      "trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens cut"),
+    FASTCALL(first_emptying,
+     "first_emptying(picks, n, remaining, k, counts_out) -> (position, counts_out)"),
     FASTCALL(trim_gather,
      "trim_gather(size, slots, taken, k, page, off, source, out, at) -> tokens cut"),
     FASTCALL(gather,

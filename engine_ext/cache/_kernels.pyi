@@ -76,6 +76,9 @@ def trim(
     lengths_out: Any | None,
     /,
 ) -> int: ...
+def first_emptying(
+    picks: Any, n: int, remaining: Any, k: int, counts_out: Any, /
+) -> tuple[int, Any]: ...
 def trim_gather(
     size: Any,
     slots: Any,

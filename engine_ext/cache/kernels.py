@@ -60,6 +60,11 @@ the same results.
   ring counts after the ``wanted`` earliest (a quickselect in C, numpy's argpartition in
   the twin; times are continuous, so a tie at the boundary, where the two could choose
   differently, has probability zero).
+- ``first_emptying(picks, n, remaining, k, counts_out) -> (position, counts)``: a cut
+  round's first ``n`` picks in order (leaf indices): the position of the first one that
+  takes a leaf's last page (its count reaching ``remaining``) and the picks per leaf up to
+  it, in one pass that stops there; (-1, every pick's counts) if none does. The twin finds
+  each leaf's ``remaining``-th pick and takes the earliest.
 - ``trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens``: for
   ``i < k``, ``size[slots[i]] -= taken[i] * page`` (the compiled loop, which writes raw
   memory, checks every slot and that no cut is negative or more than the leaf holds before
@@ -94,6 +99,7 @@ __all__ = [
     "bridge_params",
     "even_counts",
     "even_pmf",
+    "first_emptying",
     "first_round",
     "gap_first",
     "gap_rings",
@@ -401,6 +407,19 @@ def numpy_gap_first(
     return counts
 
 
+def numpy_first_emptying(
+    picks: np.ndarray, n: int, remaining: np.ndarray, k: int, counts_out: np.ndarray | None
+) -> tuple[int, np.ndarray]:
+    picks, remaining = picks[:n], remaining[:k]
+    counts = np.bincount(picks, minlength=k)
+    full = np.flatnonzero(counts >= remaining)
+    if full.size == 0:
+        return -1, counts
+    # For each leaf that empties, the position of its remaining-th pick; the earliest wins.
+    at = min(int(np.flatnonzero(picks == i)[remaining[i] - 1]) for i in full.tolist())
+    return at, np.bincount(picks[: at + 1], minlength=k)
+
+
 def numpy_trim(
     size: np.ndarray,
     slots: np.ndarray,
@@ -468,6 +487,7 @@ NUMPY_LOOPS = {
     "bridge_finish": numpy_bridge_finish,
     "gap_rings": numpy_gap_rings,
     "gap_first": numpy_gap_first,
+    "first_emptying": numpy_first_emptying,
     "trim": numpy_trim,
     "trim_gather": numpy_trim_gather,
     "gather": numpy_gather,
@@ -478,6 +498,7 @@ try:
         bridge_finish,
         bridge_params,
         even_counts,
+        first_emptying,
         first_round,
         gap_first,
         gap_rings,

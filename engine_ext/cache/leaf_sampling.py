@@ -95,7 +95,7 @@ METHODS = ("multinomial", "cut", "continuous", "steps")
 
 # ufunc reductions called directly: ``ndarray.min()`` and friends go through a Python-level
 # wrapper in numpy, which an eviction pays cold (a few microseconds each).
-_min, _max, _sum = np.minimum.reduce, np.maximum.reduce, np.add.reduce
+_min, _max, _sum, _any = np.minimum.reduce, np.maximum.reduce, np.add.reduce, np.logical_or.reduce
 
 
 class Draws(np.random.Generator):
@@ -356,18 +356,18 @@ class _Rounds:
         """One cut round, on ``drawn`` (``_draw_picks`` for the current state) if given."""
         k, remaining, need = len(self.active), self.remaining, self.need
         counts, picks = drawn if drawn is not None else _draw_picks(self.gen, k, need)
-        full = np.flatnonzero(counts >= remaining)
-        if full.size == 0:  # nobody empties: every pick stands
+        if not _any(counts >= remaining):  # nobody empties: every pick stands
             self._take(counts, need)
             return
         if picks is None:  # drawn as counts: given them, the picks' order is uniform
             picks = self.gen.permutation(np.repeat(np.arange(k), counts))
         elif callable(picks):  # counted from ``Draws``' buffer: the same picks, in order
             picks = picks()
-        # The pick that empties a leaf first: for each leaf that would, the position of its
-        # remaining-th pick; the earliest of those ends the round.
-        cut = min(int(np.flatnonzero(picks == i)[remaining[i] - 1]) for i in full.tolist())
-        self._take(np.bincount(picks[: cut + 1], minlength=k), cut + 1)
+        # The pick that empties a leaf first ends the round: one pass over the picks, up to
+        # it, counting them per leaf (``kernels.first_emptying``).
+        cut, taken = kernels.first_emptying(picks, len(picks), remaining, k, np.empty_like(counts))
+        assert cut >= 0  # a leaf's count reached what it holds
+        self._take(taken, cut + 1)
         self._empty(int(picks[cut]))
 
     def finish(self) -> tuple[np.ndarray, list[int]]:

@@ -198,6 +198,48 @@ def test_trim_gather_cuts_and_copies_what_trim_and_gather_do(
         assert size.tolist() == want_size.tolist()
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 12),
+    st.integers(0, 400),
+    st.lists(st.integers(1, 60), min_size=12, max_size=12),
+    st.randoms(use_true_random=False),
+)
+def test_first_emptying_finds_the_pick_that_takes_a_leafs_last_page(
+    k: int, n: int, remaining: list[int], rnd: Any
+) -> None:
+    """The definition, pick by pick: count each leaf's picks; the first pick whose count
+    reaches the leaf's remaining pages is the one; C and twin agree with it."""
+    picks = np.array([rnd.randrange(k) for _ in range(n)], np.int64)
+    left = np.array(remaining[:k], np.int64)
+    want_at, want = -1, [0] * k
+    for j, leaf in enumerate(picks.tolist()):
+        want[leaf] += 1
+        if want[leaf] == left[leaf]:
+            want_at = j
+            break
+    for fn in both("first_emptying"):
+        out = np.full(k + 2, -7, np.int64)
+        at, counts = fn(np.concatenate([picks, [0, 1]]), n, left, k, out)  # n of them
+        assert at == want_at
+        assert counts[:k].tolist() == want
+
+
+def test_first_emptying_refuses_bad_input() -> None:
+    first_emptying = implementation("compiled", "first_emptying")
+    out = np.zeros(3, np.int64)
+    with pytest.raises(ValueError, match=r"picks\[1\] = 3 is not a leaf"):
+        first_emptying(np.array([0, 3], np.int64), 2, np.array([5, 5, 5], np.int64), 3, out)
+    with pytest.raises(ValueError, match=r"remaining\[2\] = 0: every leaf holds a page"):
+        first_emptying(np.array([0, 1], np.int64), 2, np.array([5, 5, 0], np.int64), 3, out)
+    with pytest.raises(ValueError, match="n: 3 is outside the picks"):
+        first_emptying(np.array([0, 1], np.int64), 3, np.array([5, 5, 5], np.int64), 3, out)
+    with pytest.raises(ValueError, match=r"k: 4 is not in 1\.\.len"):
+        first_emptying(np.array([0, 1], np.int64), 2, np.array([5, 5, 5], np.int64), 4, out)
+    with pytest.raises(TypeError, match="picks: expected a one-dimensional int64 array"):
+        first_emptying(np.array([0, 1], np.int32), 2, np.array([5, 5, 5], np.int64), 3, out)
+
+
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_trim_gather_refuses_a_short_out_before_writing(impl: str) -> None:
     trim_gather = implementation(impl, "trim_gather")
@@ -741,6 +783,14 @@ for _ in range(200):  # trim_gather against its twin, into the end of out
     cut = compiled.trim_gather(size, slots, taken, k, 1, off, source, out, at)
     assert cut == kernels.numpy_trim_gather(twin_size, slots, taken, k, 1, off, source, twin, at)
     assert out.tolist() == twin.tolist() and size.tolist() == twin_size.tolist()
+for _ in range(200):  # first_emptying against its twin
+    k = rng.randint(1, 20)
+    n = rng.randint(0, 500)
+    picks = np.array([rng.randrange(k) for _ in range(n)], np.int64)
+    left = np.array([rng.randint(1, 60) for _ in range(k)], np.int64)
+    at, counts = compiled.first_emptying(picks, n, left, k, np.empty(k, np.int64))
+    want_at, want = kernels.numpy_first_emptying(picks, n, left, k, None)
+    assert at == want_at and counts.tolist() == want.tolist()
 print("clean")
 """
 
