@@ -47,5 +47,5 @@ KVROUTE_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p gpu_kernel_stubs -p
 for device in cuda cpu; do
   echo "== eviction benchmark, KV indices on $device"
   timeout 280 python3 -c "$RUN_PY" benchmarks/sglang_eviction.py --device "$device" --repeats "$REPEATS" \
-    --floor-repeats 3 --out "$OUT/sglang_eviction_$device.json" 2>&1 | grep -v -i "warn" | tee "$OUT/eviction_$device.txt"
+    --floor-repeats 3 --churn-repeats 3 --out "$OUT/sglang_eviction_$device.json" 2>&1 | grep -v -i "warn" | tee "$OUT/eviction_$device.txt"
 done
