@@ -835,6 +835,26 @@ fail:
     return NULL;
 }
 
+/* 0 if every slots[i] (i < k) is a slot below slots_len and every taken[i] is at most the
+   whole pages the leaf there holds; else -1 with an IndexError or ValueError naming it. */
+static int check_cuts(const int64_t *size, const int64_t *slots, const int64_t *taken,
+                      Py_ssize_t k, Py_ssize_t page, Py_ssize_t slots_len) {
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (slots[i] < 0 || slots[i] >= slots_len) {
+            PyErr_Format(PyExc_IndexError, "slots[%zd] = %lld is not a slot", i,
+                         (long long)slots[i]);
+            return -1;
+        }
+        if (taken[i] < 0 || taken[i] > size[slots[i]] / page) {
+            PyErr_Format(PyExc_ValueError, "taken[%zd] = %lld pages: the leaf in slot %lld "
+                         "holds %lld tokens", i, (long long)taken[i], (long long)slots[i],
+                         (long long)size[slots[i]]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens cut
 
    For i < k: size[slots[i]] -= taken[i] * page, all checked before any is written (every
@@ -865,19 +885,7 @@ static PyObject *trim(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     const int64_t *slots = a[1].view.buf, *taken = a[2].view.buf;
     Py_ssize_t slots_len = length(&a[0]);
     if (runs && length(&a[3]) < slots_len) slots_len = length(&a[3]);
-    for (Py_ssize_t i = 0; i < k; i++) {
-        if (slots[i] < 0 || slots[i] >= slots_len) {
-            PyErr_Format(PyExc_IndexError, "slots[%zd] = %lld is not a slot", i,
-                         (long long)slots[i]);
-            goto fail;
-        }
-        if (taken[i] < 0 || taken[i] > size[slots[i]] / page) {
-            PyErr_Format(PyExc_ValueError, "taken[%zd] = %lld pages: the leaf in slot %lld "
-                         "holds %lld tokens", i, (long long)taken[i], (long long)slots[i],
-                         (long long)size[slots[i]]);
-            goto fail;
-        }
-    }
+    if (check_cuts(size, slots, taken, k, page, slots_len) < 0) goto fail;
     int64_t total = 0;
     const int64_t *off = runs ? a[3].view.buf : NULL;
     int64_t *starts = runs ? a[4].view.buf : NULL, *lengths = runs ? a[5].view.buf : NULL;
@@ -984,21 +992,10 @@ static PyObject *trim_gather(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_Format(PyExc_ValueError, "at: %zd is outside out", at);
         goto fail;
     }
+    if (check_cuts(size, slots, taken, k, page, slots_len) < 0) goto fail;
     int64_t total = 0;
     for (Py_ssize_t i = 0; i < k; i++) {
-        if (slots[i] < 0 || slots[i] >= slots_len) {
-            PyErr_Format(PyExc_IndexError, "slots[%zd] = %lld is not a slot", i,
-                         (long long)slots[i]);
-            goto fail;
-        }
-        int64_t held = size[slots[i]];
-        if (taken[i] < 0 || taken[i] > held / page) {
-            PyErr_Format(PyExc_ValueError, "taken[%zd] = %lld pages: the leaf in slot %lld "
-                         "holds %lld tokens", i, (long long)taken[i], (long long)slots[i],
-                         (long long)held);
-            goto fail;
-        }
-        int64_t cut = taken[i] * page, start = off[slots[i]] + held - cut;
+        int64_t cut = taken[i] * page, start = off[slots[i]] + size[slots[i]] - cut;
         if (off[slots[i]] < 0 || start + cut > have) {
             PyErr_Format(PyExc_ValueError, "run %zd (start %lld, length %lld) is outside "
                          "source", i, (long long)start, (long long)cut);
