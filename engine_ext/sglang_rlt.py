@@ -224,7 +224,7 @@ class _SGLangTree:
         self.capacity_tokens = capacity_tokens
         self.page_size = page_size
         self.leaves = _Leaves(page_size)
-        # Arena runs to free: (starts, lengths, their sum), arrays or (for a few) lists; on a
+        # Arena runs to free: (starts, lengths, their sum), arrays or lists; on a
         # CPU arena none (they are copied out at once: RLTRadixCache._queue_runs).
         self.runs: list[tuple[Any, Any, int]] = []
 
@@ -590,7 +590,7 @@ class RLTRadixCache(RadixCache):
         return cut
 
     def _queue_runs(self, starts: Any, lengths: Any, total: int) -> None:
-        """Queue arena runs to free (arrays, or lists for a few): on a CPU arena, copied
+        """Queue arena runs to free (arrays or lists): on a CPU arena, copied
         into the staging array now (``kernels.gather``); else kept for ``_free_queued``."""
         mirror = self._arena_np
         if mirror is None:
@@ -654,7 +654,7 @@ class RLTRadixCache(RadixCache):
         leaves.remove_many(registered)
         leaves.compact()
         total = sum(lengths)
-        self._queue_runs(np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64), total)
+        self._queue_runs(starts, lengths, total)
         return total
 
     def _record_tails_removed(self, slots: list[int], tokens: list[int]) -> None:

@@ -248,9 +248,9 @@ static int even_draw(const double *uniforms, Py_ssize_t start, int64_t n, Py_ssi
    left of the buffer must hold them, else the caller draws). Status 0: no leaf emptied,
    so the counts are the whole draw (the caller consumes `used` uniforms); 3: a leaf
    emptied in the picks of a page-by-page draw (counted up to that pick only), which the
-   caller runs from `start` (steps()); 1: the caller draws, from the candidates gathered here (for 1 and 3 no
-   uniform was consumed; `used` is 0); 2: the candidates hold fewer than `need` pages (a
-   new phase is due). The rules are leaf_sampling's _choose and _draw_picks. */
+   caller runs from `start` (steps()); 1: the caller draws, from the candidates gathered
+   here (for 1 and 3 no uniform was consumed; `used` is 0); 2: the candidates hold fewer
+   than `need` pages (a new phase is due). The rules are leaf_sampling's _choose and _draw_picks. */
 static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (check_args(nargs, 15, "first_round") < 0) return NULL;
     Arr a[6];
