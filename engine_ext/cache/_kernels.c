@@ -212,6 +212,65 @@ static int64_t even_binomial(int64_t n, int64_t r, double u) {
     }
 }
 
+/* Hypergeometric draws, the same way: the number of `good` items in a uniformly random
+   sample of `sample` items out of `good + bad`, inverted from one uniform by the search
+   outward from the mode. The probability at the mode is R's dhyper, three of Loader's
+   binomial probabilities, b(x; good) b(sample - x; bad) / b(sample; good + bad), all at
+   p = sample / (good + bad), so that the saddle-point terms cancel accurately; the
+   neighbours follow by the exact ratio f(x + 1) / f(x) = (good - x)(sample - x) / ((x + 1)
+   (bad - sample + x + 1)), whose integer products are exact in double up to 2^53. */
+
+/* P(Bin(n, p) = x), 0 <= x <= n, 0 < p < 1, q = 1 - p: R's dbinom_raw. */
+static double binom_pmf(int64_t x, int64_t n, double p, double q) {
+    if (x == 0) {
+        if (n == 0) return 1.0;
+        return exp(p < 0.1 ? -bd0((double)n, (double)n * q) - (double)n * p
+                           : (double)n * log(q));
+    }
+    if (x == n)
+        return exp(q < 0.1 ? -bd0((double)n, (double)n * p) - (double)n * q
+                           : (double)n * log(p));
+    double lc = stirlerr(n) - stirlerr(x) - stirlerr(n - x) - bd0((double)x, (double)n * p) -
+                bd0((double)(n - x), (double)n * q);
+    double lf = LN_2PI + log((double)x) + log1p(-(double)x / (double)n);
+    return exp(lc - 0.5 * lf);
+}
+
+/* A draw of the hypergeometric (good, bad, sample), 0 <= sample <= good + bad, from one
+   uniform u in [0, 1). */
+static int64_t hypergeometric(int64_t good, int64_t bad, int64_t sample, double u) {
+    int64_t total = good + bad;
+    int64_t lo = sample - bad > 0 ? sample - bad : 0, hi = sample < good ? sample : good;
+    if (lo >= hi) return lo;
+    int64_t m = (sample + 1) * (good + 1) / (total + 2); /* the mode */
+    if (m < lo) m = lo;
+    if (m > hi) m = hi;
+    double p = (double)sample / (double)total, q = (double)(total - sample) / (double)total;
+    double f = binom_pmf(m, good, p, q) * binom_pmf(sample - m, bad, p, q) /
+               binom_pmf(sample, total, p, q);
+    double cum = f, f_up = f, f_down = f;
+    if (u < cum) return m;
+    int64_t up = m, down = m;
+    for (;;) {
+        int go_up = up < hi && f_up > 0.0, go_down = down > lo && f_down > 0.0;
+        if (!go_up && !go_down) return m; /* rounding left the mass short of u */
+        if (go_up) {
+            f_up = f_up * ((double)((good - up) * (sample - up)) /
+                           (double)((up + 1) * (bad - sample + up + 1)));
+            up++;
+            cum = cum + f_up;
+            if (u < cum) return up;
+        }
+        if (go_down) {
+            f_down = f_down * ((double)(down * (bad - sample + down)) /
+                               (double)((good - down + 1) * (sample - down + 1)));
+            down--;
+            cum = cum + f_down;
+            if (u < cum) return down;
+        }
+    }
+}
+
 /* counts[:k] = n picks over k equal leaves, from uniforms[start:start + k - 1]; -1 with a
    ValueError set if a uniform is not in [0, 1). */
 static int even_draw(const double *uniforms, Py_ssize_t start, int64_t n, Py_ssize_t k,
@@ -956,6 +1015,162 @@ fail:
     return NULL;
 }
 
+/* counts_emptying(counts, remaining, k, uniforms, start, counts_out)
+       -> (position, used, counts_out)
+
+   first_emptying for a round drawn as counts only (counts[:k] picks per leaf, n in all):
+   given the counts, the picks' order is a uniformly random arrangement of them, and this
+   draws where in it the first leaf empties (its count reaching remaining[leaf]) without
+   drawing the arrangement, in O(log n) hypergeometric draws per leaf that can empty
+   (counts >= remaining) plus one per other leaf. It halves the span of positions that
+   holds the first emptying: the counts in the span's first half are a multivariate
+   hypergeometric sample of the span's counts (drawn leaf by leaf, the leaves that cannot
+   empty as one), and given them each half is again a uniform arrangement; the first half
+   holds the first emptying if a leaf reaches its remaining pages there, else the second
+   does, with what the first half took counted. At one position, that pick is the leaf's
+   last page. The leaves that cannot empty then share what they took before it as a
+   multivariate hypergeometric sample of their counts. Returns the position (0-based) and
+   counts_out[:k], the picks per leaf up to and including it; (-1, 0, counts) if no leaf
+   can empty. Each draw takes the next uniform from `start`; `used` is how many (at most
+   (leaves that can empty) * bit_length(n) + k); a ValueError if the uniforms run out. */
+static PyObject *counts_emptying(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_args(nargs, 6, "counts_emptying") < 0) return NULL;
+    Arr a[4];
+    memset(a, 0, sizeof a);
+    int64_t *work = NULL;
+    Py_ssize_t k, start;
+    if (get_ssize(args[2], &k, "k") < 0 || get_ssize(args[4], &start, "start") < 0) return NULL;
+    if (get(args[0], &a[0], 0, 'i', "counts") < 0 ||
+        get(args[1], &a[1], 0, 'i', "remaining") < 0 ||
+        get(args[3], &a[2], 0, 'f', "uniforms") < 0 ||
+        get(args[5], &a[3], 1, 'i', "counts_out") < 0)
+        goto fail;
+    if (k < 1 || k > length(&a[0]) || k > length(&a[1]) || k > length(&a[3])) {
+        PyErr_Format(PyExc_ValueError,
+                     "k: %zd is not in 1..len(counts), len(remaining), len(counts_out)", k);
+        goto fail;
+    }
+    if (start < 0 || start > length(&a[2])) {
+        PyErr_Format(PyExc_ValueError, "start: %zd is outside the uniforms", start);
+        goto fail;
+    }
+    const int64_t *counts = a[0].view.buf, *remaining = a[1].view.buf;
+    const double *u = (const double *)a[2].view.buf;
+    Py_ssize_t left = length(&a[2]) - start, used = 0;
+    u += start;
+    int64_t *out = a[3].view.buf;
+    if ((const int64_t *)out == counts || (const int64_t *)out == remaining) {
+        PyErr_SetString(PyExc_ValueError, "counts_out: must not be counts or remaining");
+        goto fail;
+    }
+    Py_ssize_t reach = 0;
+    int64_t n = 0, others = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (remaining[i] < 1 || counts[i] < 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "counts[%zd], remaining[%zd] = %lld, %lld: need counts >= 0 and "
+                         "remaining >= 1", i, i, (long long)counts[i], (long long)remaining[i]);
+            goto fail;
+        }
+        n += counts[i];
+        if (counts[i] >= remaining[i]) reach++;
+        else others += counts[i];
+    }
+    if (reach == 0) {
+        memcpy(out, counts, (size_t)k * sizeof(int64_t));
+        release(a, 4);
+        return Py_BuildValue("(nnO)", (Py_ssize_t)-1, (Py_ssize_t)0, args[5]);
+    }
+    /* for each leaf that can empty: its index, its picks in the span, the pages it still
+       has to take to empty (from the span's start), its picks before the span */
+    work = PyMem_Malloc((size_t)(5 * reach) * sizeof(int64_t));
+    if (work == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    int64_t *idx = work, *span = work + reach, *due = work + 2 * reach, *before = work + 3 * reach;
+    int64_t *half = work + 4 * reach; /* the first half's picks */
+    for (Py_ssize_t i = 0, j = 0; i < k; i++) {
+        if (counts[i] >= remaining[i]) {
+            idx[j] = i;
+            span[j] = counts[i];
+            due[j] = remaining[i];
+            before[j] = 0;
+            j++;
+        }
+    }
+    int64_t length_ = n, span_others = others, before_others = 0, position = 0;
+    while (length_ > 1) {
+        int64_t first = length_ / 2, pool = length_, take = first;
+        int reached = 0;
+        for (Py_ssize_t j = 0; j < reach; j++) {
+            if (used >= left) goto ran_out;
+            double v = u[used++];
+            if (!(v >= 0.0 && v < 1.0)) {
+                PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)",
+                             start + used - 1);
+                goto fail;
+            }
+            int64_t x = hypergeometric(span[j], pool - span[j], take, v);
+            half[j] = x;
+            pool -= span[j];
+            take -= x;
+            reached |= x >= due[j];
+        }
+        /* take: the first half's picks of the leaves that cannot empty */
+        if (reached) {
+            for (Py_ssize_t j = 0; j < reach; j++) span[j] = half[j];
+            span_others = take;
+            length_ = first;
+        } else {
+            for (Py_ssize_t j = 0; j < reach; j++) {
+                span[j] -= half[j];
+                due[j] -= half[j];
+                before[j] += half[j];
+            }
+            span_others -= take;
+            before_others += take;
+            position += first;
+            length_ -= first;
+        }
+    }
+    /* one position left: the pick of the leaf whose last page it is */
+    memset(out, 0, (size_t)k * sizeof(int64_t));
+    for (Py_ssize_t j = 0; j < reach; j++) out[idx[j]] = before[j] + (span[j] == 1 && due[j] == 1);
+    /* the leaves that cannot empty share before_others of their `others` picks */
+    int64_t pool = others, take = before_others;
+    Py_ssize_t last = -1;
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (counts[i] < remaining[i]) last = i;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (counts[i] >= remaining[i]) continue;
+        if (i == last) {
+            out[i] = take;
+            break;
+        }
+        if (used >= left) goto ran_out;
+        double v = u[used++];
+        if (!(v >= 0.0 && v < 1.0)) {
+            PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)", start + used - 1);
+            goto fail;
+        }
+        int64_t x = hypergeometric(counts[i], pool - counts[i], take, v);
+        out[i] = x;
+        pool -= counts[i];
+        take -= x;
+    }
+    PyMem_Free(work);
+    release(a, 4);
+    return Py_BuildValue("(nnO)", (Py_ssize_t)position, used, args[5]);
+ran_out:
+    PyErr_Format(PyExc_ValueError, "uniforms: fewer than needed from start %zd (%zd)", start,
+                 left);
+fail:
+    PyMem_Free(work);
+    release(a, 4);
+    return NULL;
+}
+
 /* trim_gather(size, slots, taken, k, page, off, source, out, at) -> tokens cut
 
    trim's cuts (size[slots[i]] -= taken[i] * page, i < k) with their arena runs copied at
@@ -1097,6 +1312,9 @@ static PyMethodDef methods[] = {
      "trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens cut"),
     FASTCALL(first_emptying,
      "first_emptying(picks, n, remaining, k, counts_out) -> (position, counts_out)"),
+    FASTCALL(counts_emptying,
+     "counts_emptying(counts, remaining, k, uniforms, start, counts_out) -> (position, used, "
+     "counts_out)"),
     FASTCALL(trim_gather,
      "trim_gather(size, slots, taken, k, page, off, source, out, at) -> tokens cut"),
     FASTCALL(gather,

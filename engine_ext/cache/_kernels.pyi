@@ -79,6 +79,9 @@ def trim(
 def first_emptying(
     picks: Any, n: int, remaining: Any, k: int, counts_out: Any, /
 ) -> tuple[int, Any]: ...
+def counts_emptying(
+    counts: Any, remaining: Any, k: int, uniforms: Any, start: int, counts_out: Any, /
+) -> tuple[int, int, Any]: ...
 def trim_gather(
     size: Any,
     slots: Any,

@@ -65,6 +65,16 @@ the same results.
   takes a leaf's last page (its count reaching ``remaining``) and the picks per leaf up to
   it, in one pass that stops there; (-1, every pick's counts) if none does. The twin finds
   each leaf's ``remaining``-th pick and takes the earliest.
+- ``counts_emptying(counts, remaining, k, uniforms, start, counts_out) -> (position, used,
+  counts)``: ``first_emptying`` for a round drawn as counts only (``counts[:k]``, ``n`` in
+  all): where, in a uniformly random order of those picks, the first leaf empties, and the
+  picks per leaf up to it, drawn without the order: the span of positions that holds it is
+  halved ``bit_length(n)`` times, each half's counts a multivariate hypergeometric sample
+  (one draw per leaf that can empty, the others as one), then the others share what they
+  took (one draw each). Each draw is inverted from the next uniform from ``start`` as
+  ``even_counts``' binomials are (the probability at the mode is R's ``dhyper``: three of
+  Loader's binomial terms); ``used`` says how many; (-1, 0, the counts) if no leaf can
+  empty. The twin is plain Python, step for step the same arithmetic.
 - ``trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens``: for
   ``i < k``, ``size[slots[i]] -= taken[i] * page`` (the compiled loop, which writes raw
   memory, checks every slot and that no cut is negative or more than the leaf holds before
@@ -97,6 +107,7 @@ __all__ = [
     "WHOLE",
     "bridge_finish",
     "bridge_params",
+    "counts_emptying",
     "even_counts",
     "even_pmf",
     "first_emptying",
@@ -420,6 +431,138 @@ def numpy_first_emptying(
     return at, np.bincount(picks[: at + 1], minlength=k)
 
 
+def _binom_pmf(x: int, n: int, p: float, q: float) -> float:
+    """P(Bin(n, p) = x), 0 < p < 1, q = 1 - p: R's ``dbinom_raw`` (``_kernels.c``)."""
+    if x == 0:
+        if n == 0:
+            return 1.0
+        return math.exp(
+            -_bd0(float(n), float(n) * q) - float(n) * p if p < 0.1 else float(n) * math.log(q)
+        )
+    if x == n:
+        return math.exp(
+            -_bd0(float(n), float(n) * p) - float(n) * q if q < 0.1 else float(n) * math.log(p)
+        )
+    lc = (
+        _stirlerr(n)
+        - _stirlerr(x)
+        - _stirlerr(n - x)
+        - _bd0(float(x), float(n) * p)
+        - _bd0(float(n - x), float(n) * q)
+    )
+    lf = _LN_2PI + math.log(float(x)) + math.log1p(-float(x) / float(n))
+    return math.exp(lc - 0.5 * lf)
+
+
+def _hypergeometric(good: int, bad: int, sample: int, u: float) -> int:
+    """Good items in a random ``sample`` of ``good + bad``, inverted from ``u`` outward
+    from the mode (``_kernels.c``, the same operations)."""
+    total = good + bad
+    lo, hi = max(sample - bad, 0), min(sample, good)
+    if lo >= hi:
+        return lo
+    m = min(max((sample + 1) * (good + 1) // (total + 2), lo), hi)
+    p, q = sample / total, (total - sample) / total
+    f = (
+        _binom_pmf(m, good, p, q)
+        * _binom_pmf(sample - m, bad, p, q)
+        / _binom_pmf(sample, total, p, q)
+    )
+    cum = f_up = f_down = f
+    if u < cum:
+        return m
+    up = down = m
+    while True:
+        go_up = up < hi and f_up > 0.0
+        go_down = down > lo and f_down > 0.0
+        if not go_up and not go_down:
+            return m
+        if go_up:
+            f_up *= ((good - up) * (sample - up)) / ((up + 1) * (bad - sample + up + 1))
+            up += 1
+            cum += f_up
+            if u < cum:
+                return up
+        if go_down:
+            f_down *= (down * (bad - sample + down)) / ((good - down + 1) * (sample - down + 1))
+            down -= 1
+            cum += f_down
+            if u < cum:
+                return down
+
+
+def numpy_counts_emptying(
+    counts: np.ndarray,
+    remaining: np.ndarray,
+    k: int,
+    uniforms: np.ndarray,
+    start: int,
+    counts_out: np.ndarray | None,
+) -> tuple[int, int, np.ndarray]:
+    if not 1 <= k <= min(len(counts), len(remaining)):
+        raise ValueError(f"k: {k} is not in 1..len(counts), len(remaining)")
+    if not 0 <= start <= len(uniforms):
+        raise ValueError(f"start: {start} is outside the uniforms")
+    have, rest = counts[:k].tolist(), remaining[:k].tolist()
+    for i, (c, r) in enumerate(zip(have, rest, strict=True)):
+        if r < 1 or c < 0:
+            raise ValueError(
+                f"counts[{i}], remaining[{i}] = {c}, {r}: need counts >= 0 and remaining >= 1"
+            )
+    reach = [i for i in range(k) if have[i] >= rest[i]]
+    if not reach:
+        return -1, 0, np.asarray(have, dtype=np.int64)
+    others = sum(c for c, r in zip(have, rest, strict=True) if c < r)
+    left = len(uniforms) - start
+    used = 0
+
+    def uniform() -> float:
+        nonlocal used
+        if used >= left:
+            raise ValueError(f"uniforms: fewer than needed from start {start} ({left})")
+        u = float(uniforms[start + used])
+        used += 1
+        if not 0.0 <= u < 1.0:
+            raise ValueError(f"uniforms[{start + used - 1}] is not in [0, 1)")
+        return u
+
+    span = [have[i] for i in reach]
+    due = [rest[i] for i in reach]
+    before = [0] * len(reach)
+    length, span_others, before_others, position = sum(have), others, 0, 0
+    while length > 1:
+        first = length // 2
+        pool, take, half = length, first, []
+        for j in range(len(reach)):
+            x = _hypergeometric(span[j], pool - span[j], take, uniform())
+            half.append(x)
+            pool -= span[j]
+            take -= x
+        if any(x >= d for x, d in zip(half, due, strict=True)):
+            span, span_others, length = half, take, first
+        else:
+            span = [s - x for s, x in zip(span, half, strict=True)]
+            due = [d - x for d, x in zip(due, half, strict=True)]
+            before = [b + x for b, x in zip(before, half, strict=True)]
+            span_others -= take
+            before_others += take
+            position += first
+            length -= first
+    out = [0] * k
+    for j, i in enumerate(reach):
+        out[i] = before[j] + (span[j] == 1 and due[j] == 1)
+    pool, take = others, before_others
+    lower = [i for i in range(k) if have[i] < rest[i]]
+    for i in lower[:-1]:
+        x = _hypergeometric(have[i], pool - have[i], take, uniform())
+        out[i] = x
+        pool -= have[i]
+        take -= x
+    if lower:
+        out[lower[-1]] = take
+    return position, used, np.asarray(out, dtype=np.int64)
+
+
 def numpy_trim(
     size: np.ndarray,
     slots: np.ndarray,
@@ -488,6 +631,7 @@ NUMPY_LOOPS = {
     "gap_rings": numpy_gap_rings,
     "gap_first": numpy_gap_first,
     "first_emptying": numpy_first_emptying,
+    "counts_emptying": numpy_counts_emptying,
     "trim": numpy_trim,
     "trim_gather": numpy_trim_gather,
     "gather": numpy_gather,
@@ -497,6 +641,7 @@ try:
     from engine_ext.cache._kernels import (
         bridge_finish,
         bridge_params,
+        counts_emptying,
         even_counts,
         first_emptying,
         first_round,

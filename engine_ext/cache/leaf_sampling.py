@@ -359,16 +359,18 @@ class _Rounds:
         if not _any(counts >= remaining):  # nobody empties: every pick stands
             self._take(counts, need)
             return
-        if picks is None:  # drawn as counts: given them, the picks' order is uniform
-            picks = self.gen.permutation(np.repeat(np.arange(k), counts))
-        elif callable(picks):  # counted from ``Draws``' buffer: the same picks, in order
-            picks = picks()
-        # The pick that empties a leaf first ends the round: one pass over the picks, up to
-        # it, counting them per leaf (``kernels.first_emptying``).
-        cut, taken = kernels.first_emptying(picks, len(picks), remaining, k, np.empty_like(counts))
+        # The pick that empties a leaf first ends the round, and the picks per leaf up to
+        # it are what the round takes.
+        if picks is None:  # drawn as counts: where it lies in their (uniform) order
+            cut, taken = _counts_emptying(self.gen, counts, remaining, k)
+        else:  # one pass over the picks, up to it (``kernels.first_emptying``)
+            if callable(picks):  # counted from ``Draws``' buffer: the same picks, in order
+                picks = picks()
+            out = np.empty_like(counts)
+            cut, taken = kernels.first_emptying(picks, len(picks), remaining, k, out)
         assert cut >= 0  # a leaf's count reached what it holds
         self._take(taken, cut + 1)
-        self._empty(int(picks[cut]))
+        self._empty(int(np.argmin(self.remaining)))  # the only leaf with no page left
 
     def finish(self) -> tuple[np.ndarray, list[int]]:
         """The continuous-time draw for what is left, then the counts per label."""
@@ -518,6 +520,28 @@ def _draw_picks(gen: np.random.Generator, leaves: int, need: int) -> Drawn:
         return gen.multinomial(need, [1.0 / leaves] * leaves), None
     picks = gen.integers(0, leaves, size=need)
     return np.bincount(picks, minlength=leaves), picks
+
+
+def _counts_emptying(
+    gen: np.random.Generator, counts: np.ndarray, remaining: np.ndarray, k: int
+) -> tuple[int, np.ndarray]:
+    """For a round drawn as counts (some leaf's reaching what it holds): the position of the
+    pick that empties the first leaf in the picks' order, which given the counts is a
+    uniformly random arrangement, and the picks per leaf up to it (``kernels.
+    counts_emptying``: a few hypergeometric draws per leaf that can empty, O(log picks)
+    each, instead of a permutation of the picks). Its uniforms come from a ``Draws``'
+    buffer (those it used consumed), else from ``gen.random``."""
+    reach = int(np.count_nonzero(counts >= remaining))
+    bound = reach * int(_sum(counts)).bit_length() + k
+    out = np.empty(k, dtype=np.int64) if kernels.COMPILED else None
+    if isinstance(gen, Draws) and bound <= gen._buffer:
+        uniforms, start = gen.window(bound)
+        cut, used, taken = kernels.counts_emptying(counts, remaining, k, uniforms, start, out)
+        gen.consume(used)
+    else:
+        uniforms = gen.random(bound)
+        cut, used, taken = kernels.counts_emptying(counts, remaining, k, uniforms, 0, out)
+    return cut, taken
 
 
 def _likely_bound(need: int, leaves: int) -> float:

@@ -4,6 +4,7 @@ writing anything."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import shutil
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.stats import binom, chi2
+from scipy.stats import binom, chi2, hypergeom
 
 from engine_ext.cache import kernels, leaf_sampling
 
@@ -238,6 +239,159 @@ def test_first_emptying_refuses_bad_input() -> None:
         first_emptying(np.array([0, 1], np.int64), 2, np.array([5, 5, 5], np.int64), 4, out)
     with pytest.raises(TypeError, match="picks: expected a one-dimensional int64 array"):
         first_emptying(np.array([0, 1], np.int32), 2, np.array([5, 5, 5], np.int64), 3, out)
+
+
+def first_emptying_law(counts: list[int], remaining: list[int]) -> dict[tuple[int, ...], Fraction]:
+    """The exact law of a counts round's first emptying: every distinct order of the
+    picks is equally likely; (position, picks per leaf up to it) for each."""
+    law: dict[tuple[int, ...], Fraction] = {}
+    orders = set(itertools.permutations([i for i, c in enumerate(counts) for _ in range(c)]))
+    for order in orders:
+        at, taken = kernels.numpy_first_emptying(
+            np.array(order, np.int64), len(order), np.array(remaining, np.int64), len(counts), None
+        )
+        key = (at, *taken.tolist())
+        law[key] = law.get(key, Fraction(0)) + Fraction(1, len(orders))
+    return law
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 400), st.integers(1, 400)), min_size=1, max_size=14),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 5),
+)
+def test_counts_emptying_agrees_and_cuts_at_one_leafs_last_page(
+    leaves: list[tuple[int, int]], seed: int, start: int
+) -> None:
+    """``counts_emptying``: C and its Python twin draw the same cut from the same uniforms;
+    the picks up to it add up to the position + 1, one leaf (one that can empty) takes its
+    last page there and every other leaf keeps one; it reads no uniform past ``used``,
+    which stays within the bound the caller reserves."""
+    counts = np.array([c for c, _ in leaves], np.int64)
+    remaining = np.array([r for _, r in leaves], np.int64)
+    k = len(leaves)
+    reach = int((counts >= remaining).sum())
+    bound = reach * int(counts.sum()).bit_length() + k
+    uniforms = np.random.default_rng(seed).random(start + bound + 3)
+    uniforms[start] = np.nextafter(1.0, 0.0) if seed % 3 == 0 else uniforms[start]
+    results = []
+    for fn in both("counts_emptying"):
+        out = np.full(k + 2, -7, np.int64)
+        at, used, taken = fn(counts, remaining, k, uniforms, start, out)
+        results.append((at, used, taken[:k].tolist()))
+        if fn is not kernels.numpy_counts_emptying:
+            assert taken is out
+            assert out[k:].tolist() == [-7, -7], "wrote past k"
+    assert results[0] == results[1]
+    at, used, taken = results[0]
+    if reach == 0:
+        assert (at, used, taken) == (-1, 0, counts.tolist())
+        return
+    assert used <= bound
+    assert sum(taken) == at + 1
+    assert all(0 <= t <= c for t, c in zip(taken, counts.tolist(), strict=True))
+    emptied = [i for i in range(k) if taken[i] == remaining[i]]
+    assert len(emptied) == 1
+    assert counts[emptied[0]] >= remaining[emptied[0]]
+    kept = [t < r for t, r in zip(taken, remaining.tolist(), strict=True)]
+    assert sum(kept) == k - 1
+    changed = uniforms.copy()
+    changed[start + used :] = 0.5  # what it did not use does not matter
+    assert (
+        both("counts_emptying")[0](counts, remaining, k, changed, start, None)[2].tolist() == taken
+    )
+
+
+@pytest.mark.parametrize(
+    ("counts", "remaining"),
+    [
+        ([3, 2, 2], [2, 2, 3]),
+        ([4, 1, 3, 2], [4, 1, 2, 5]),
+        ([6, 5], [4, 5]),
+        ([5, 1, 1], [5, 2, 1]),
+    ],
+)
+def test_counts_emptying_draws_the_first_emptying_of_a_uniform_order(
+    counts: list[int], remaining: list[int]
+) -> None:
+    """Against the exact law (every order of the picks enumerated): 40,000 draws, every
+    outcome a possible one, chi-square goodness of fit."""
+    law = first_emptying_law(counts, remaining)
+    draw = implementation("compiled" if kernels.COMPILED else "numpy", "counts_emptying")
+    c, r, k = np.array(counts, np.int64), np.array(remaining, np.int64), len(counts)
+    uniforms = np.random.default_rng(sum(counts) * 100 + k).random(40_000 * 40)
+    seen: dict[tuple[int, ...], int] = {}
+    at_uniform = 0
+    for _ in range(40_000):
+        at, used, taken = draw(c, r, k, uniforms, at_uniform, np.empty(k, np.int64))
+        at_uniform += used
+        key = (at, *taken.tolist())
+        seen[key] = seen.get(key, 0) + 1
+    assert set(seen) <= set(law), set(seen) - set(law)
+    keys = sorted(law)
+    observed = np.array([seen.get(key, 0) for key in keys], float)
+    expected = np.array([float(law[key]) for key in keys]) * observed.sum()
+    stat = ((observed - expected) ** 2 / expected).sum()
+    assert chi2.sf(stat, len(keys) - 1) > 1e-4, dict(zip(keys, observed, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("good", "bad", "sample"),
+    [(3, 7, 4), (1, 9, 5), (9, 1, 5), (50, 200, 120), (500, 5_000, 2_000), (600, 7_200, 3_900)],
+)
+def test_hypergeometric_draws_follow_the_law_and_their_mode_is_exact(
+    good: int, bad: int, sample: int
+) -> None:
+    """The draw inside ``counts_emptying``: the probability it starts from (at the mode)
+    against exact rational arithmetic, and 20,000 draws against the exact law."""
+    total = good + bad
+    mode = min(max((sample + 1) * (good + 1) // (total + 2), sample - bad, 0), sample, good)
+    exact = Fraction(
+        math.comb(good, mode) * math.comb(bad, sample - mode), math.comb(total, sample)
+    )
+    p, q = sample / total, (total - sample) / total
+    at_mode = (
+        kernels._binom_pmf(mode, good, p, q)
+        * kernels._binom_pmf(sample - mode, bad, p, q)
+        / kernels._binom_pmf(sample, total, p, q)
+    )
+    assert at_mode == pytest.approx(float(exact), rel=1e-12, abs=0)
+    draws = np.array(
+        [
+            kernels._hypergeometric(good, bad, sample, u)
+            for u in np.random.default_rng(good).random(20_000)
+        ]
+    )
+    values, seen = np.unique(draws, return_counts=True)
+    expected = hypergeom(total, good, sample).pmf(values) * len(draws)
+    pooled = expected >= 5
+    table_seen = np.append(seen[pooled], seen[~pooled].sum())
+    table_expected = np.append(expected[pooled], len(draws) - expected[pooled].sum())
+    stat = ((table_seen - table_expected) ** 2 / np.maximum(table_expected, 1e-9)).sum()
+    assert chi2.sf(stat, len(table_seen) - 1) > 1e-4
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_counts_emptying_refuses_bad_input(impl: str) -> None:
+    counts_emptying = implementation(impl, "counts_emptying")
+    c, r, u = np.array([4, 2], np.int64), np.array([3, 5], np.int64), np.full(20, 0.5)
+    out = np.zeros(2, np.int64)
+    with pytest.raises(ValueError, match=r"k: 3 is not in 1\.\.len"):
+        counts_emptying(c, r, 3, u, 0, out)
+    with pytest.raises(ValueError, match="start: 21 is outside the uniforms"):
+        counts_emptying(c, r, 2, u, 21, out)
+    with pytest.raises(ValueError, match=r"counts\[1\], remaining\[1\] = 2, 0: need"):
+        counts_emptying(c, np.array([3, 0], np.int64), 2, u, 0, out)
+    with pytest.raises(ValueError, match=r"counts\[0\], remaining\[0\] = -1, 3: need"):
+        counts_emptying(np.array([-1, 2], np.int64), r, 2, u, 0, out)
+    with pytest.raises(ValueError, match="uniforms: fewer than needed from start 20"):
+        counts_emptying(c, r, 2, u, 20, out)
+    with pytest.raises(ValueError, match=r"uniforms\[2\] is not in \[0, 1\)"):
+        counts_emptying(c, r, 2, np.array([0.5, 0.5, 1.5, 0.5]), 2, out)
+    if impl == "compiled":
+        with pytest.raises(ValueError, match="counts_out: must not be counts or remaining"):
+            counts_emptying(c, r, 2, u, 0, c)
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
@@ -791,6 +945,18 @@ for _ in range(200):  # first_emptying against its twin
     at, counts = compiled.first_emptying(picks, n, left, k, np.empty(k, np.int64))
     want_at, want = kernels.numpy_first_emptying(picks, n, left, k, None)
     assert at == want_at and counts.tolist() == want.tolist()
+for trial in range(300):  # counts_emptying against its twin
+    k = rng.randint(1, 16)
+    counts = np.array([rng.randint(0, 300) for _ in range(k)], np.int64)
+    left = np.array([rng.randint(1, 300) for _ in range(k)], np.int64)
+    u = np.random.default_rng(trial).random(rng.randint(0, 200))
+    try:
+        got = compiled.counts_emptying(counts, left, k, u, 0, np.empty(k, np.int64))
+    except ValueError as error:  # too few uniforms: the twin says so too
+        assert "fewer than needed" in str(error)
+        continue
+    want = kernels.numpy_counts_emptying(counts, left, k, u, 0, None)
+    assert got[:2] == want[:2] and got[2].tolist() == want[2].tolist()
 print("clean")
 """
 

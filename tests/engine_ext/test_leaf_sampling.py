@@ -223,10 +223,30 @@ def test_shortcuts_match_the_per_page_definition(
     check_against_definition(sizes, need, {"method": method})
 
 
-def check_against_definition(sizes: dict[str, int], need: int, extra: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("sizes", "need", "method"),
+    [(SMALL, 5, "cut"), (BIG, 12, "cut"), (BIG, 12, None)],
+    ids=["small-5", "big-12", "big-12-default"],
+)
+def test_counts_rounds_on_any_generator_match_the_per_page_definition(
+    sizes: dict[str, int], need: int, method: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain numpy generator draws a round's counts as one multinomial; where the first
+    leaf empties among them comes from its own uniforms (``_counts_emptying``)."""
+    monkeypatch.setattr(leaf_sampling, "_MULTINOMIAL_PICKS_PER_LEAF", 0)
+    check_against_definition(sizes, need, {"method": method}, np.random.default_rng(need))
+
+
+def check_against_definition(
+    sizes: dict[str, int],
+    need: int,
+    extra: dict[str, Any],
+    gen: np.random.Generator | None = None,
+) -> None:
     leaves, everything = small_tree(sizes)
     rng = random.Random(1234 + need)
-    gen = leaf_sampling.Draws(4321 + need, buffer=64)  # RLT's generator; refills often
+    if gen is None:
+        gen = leaf_sampling.Draws(4321 + need, buffer=64)  # RLT's generator; refills often
     literal_draws = [
         outcome(literal_evictions(leaves, need, rng), everything) for _ in range(SAMPLES)
     ]
