@@ -62,7 +62,8 @@ Drawn = tuple[np.ndarray, "np.ndarray | Callable[[], np.ndarray] | None"]
 # ends at (at most) one emptying, so rounds pay off only while few leaves can empty.
 _MAX_ROUNDS = 8
 # Many picks per leaf: from here ``_choose`` considers multinomial rounds, and a round's
-# picks may come as counts only (their order drawn only if a leaf empties): a plain numpy
+# picks may come as counts only (where a leaf empties among them drawn only if one does,
+# ``_counts_emptying``): a plain numpy
 # generator then draws one multinomial (O(leaves)) instead of the picks (O(picks)); a
 # ``Draws`` counts its buffered picks, or draws binomials (``_BINOMIAL_PICKS_PER_LEAF``).
 _MULTINOMIAL_PICKS_PER_LEAF = 8
@@ -227,7 +228,8 @@ def draw_leaf_counts(
     - ``cut``: all remaining picks in one draw, kept up to the first pick that empties a
       leaf; the picks after it are discarded and drawn again over the new set (they are
       independent of the past). O(picks) per round, or O(leaves) when the picks are drawn as
-      counts (many picks per leaf; their order is drawn only if a leaf empties): for many
+      counts (many picks per leaf; where the first leaf empties among them is then drawn
+      from the counts, O(log picks) per leaf that can empty: ``_counts_emptying``): for many
       leaves of which few can empty (a scheduler evicting for one request, the common case).
 
     - ``steps``: the definition, one buffered uniform per page (``Draws`` only, at most
