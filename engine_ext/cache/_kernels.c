@@ -303,7 +303,9 @@ static int even_draw(const double *uniforms, Py_ssize_t start, int64_t n, Py_ssi
    per leaf, and if more than picks_per_leaf, no more than the whole buffer: the uniforms'
    length) or else even_draw()'s counts (k - 1 uniforms); buffered picks always where
    leaf_sampling draws page by page (need at most step_pages and the buffer's length, a
-   leaf may empty, and one is likely to); `used` is how many uniforms that takes (what is
+   leaf may empty, and one is likely to), unless it draws compiled rounds there (at least
+   binomial_per_leaf picks per leaf and at most max_rounds leaves likely to empty: then
+   even_draw()'s counts); `used` is how many uniforms that takes (what is
    left of the buffer must hold them, else the caller draws). Status 0: no leaf emptied,
    so the counts are the whole draw (the caller consumes `used` uniforms); 3: a leaf
    emptied in the picks of a page-by-page draw (counted up to that pick only), which the
@@ -367,7 +369,16 @@ static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t n
         /* _choose: a leaf may empty and one is likely to, in few enough pages */
         int stepwise = need > smallest && need <= step_pages && need <= length(&a[2]) &&
                        !((double)smallest > bound);
-        if (!stepwise && need > smallest && !(many && need <= smallest * max_rounds)) {
+        /* _choose's rounds: there, many picks per leaf and few likely to empty; the first
+           round is then even_draw()'s counts (`counted` is 0) */
+        int rounds = 0;
+        if (need > smallest && !((double)smallest > bound) && need >= binomial_per_leaf * k) {
+            Py_ssize_t likely = 0;
+            for (Py_ssize_t i = 0; i < k; i++) likely += (double)pages[i] <= bound;
+            rounds = likely <= max_rounds;
+            if (rounds) stepwise = 0;
+        }
+        if (!stepwise && !rounds && need > smallest && !(many && need <= smallest * max_rounds)) {
             /* _choose: a leaf may empty, and not the multinomial rounds' case */
             if (!((double)smallest > bound)) {
                 Py_ssize_t likely = 0;
@@ -487,6 +498,220 @@ fail:
     return NULL;
 }
 
+/* The next of the uniforms u[start..len) into *v (*used of them taken so far, then one
+   more); 0, or -1 with a ValueError if they ran out or the uniform is not in [0, 1). */
+static int next_uniform(const double *u, Py_ssize_t start, Py_ssize_t len, Py_ssize_t *used,
+                        double *v) {
+    if (start + *used >= len) {
+        PyErr_Format(PyExc_ValueError, "uniforms: fewer than needed from start %zd (%zd)",
+                     start, len - start);
+        return -1;
+    }
+    *v = u[start + (*used)++];
+    if (!(*v >= 0.0 && *v < 1.0)) {
+        PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)", start + *used - 1);
+        return -1;
+    }
+    return 0;
+}
+
+/* counts_emptying's draw (see there) on raw arrays: counts[:k] >= 0, remaining[:k] >= 1,
+   the uniforms u[start..len) (*used set to how many it took), out[:k] (neither counts nor
+   remaining), work[:5k] scratch. The position; -1 if no leaf can empty (out = the
+   counts); -2 with a ValueError set if the uniforms run out or one is not in [0, 1). */
+static Py_ssize_t emptying_draw(const int64_t *counts, const int64_t *remaining, Py_ssize_t k,
+                                const double *u, Py_ssize_t start, Py_ssize_t len,
+                                Py_ssize_t *used, int64_t *out, int64_t *work) {
+    Py_ssize_t reach = 0;
+    int64_t n = 0, others = 0;
+    *used = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        n += counts[i];
+        if (counts[i] >= remaining[i]) reach++;
+        else others += counts[i];
+    }
+    if (reach == 0) {
+        memcpy(out, counts, (size_t)k * sizeof(int64_t));
+        return -1;
+    }
+    /* for each leaf that can empty: its index, its picks in the span, the pages it still
+       has to take to empty (from the span's start), its picks before the span, and its
+       picks in the span's first half */
+    int64_t *idx = work, *span = work + reach, *due = work + 2 * reach;
+    int64_t *before = work + 3 * reach, *half = work + 4 * reach;
+    for (Py_ssize_t i = 0, j = 0; i < k; i++) {
+        if (counts[i] >= remaining[i]) {
+            idx[j] = i;
+            span[j] = counts[i];
+            due[j] = remaining[i];
+            before[j] = 0;
+            j++;
+        }
+    }
+    int64_t length_ = n, before_others = 0, position = 0;
+    double v;
+    while (length_ > 1) {
+        int64_t first = length_ / 2, pool = length_, take = first;
+        int reached = 0;
+        for (Py_ssize_t j = 0; j < reach; j++) {
+            if (next_uniform(u, start, len, used, &v) < 0) return -2;
+            int64_t x = hypergeometric(span[j], pool - span[j], take, v);
+            half[j] = x;
+            pool -= span[j];
+            take -= x;
+            reached |= x >= due[j];
+        }
+        /* take: the first half's picks of the leaves that cannot empty */
+        if (reached) {
+            for (Py_ssize_t j = 0; j < reach; j++) span[j] = half[j];
+            length_ = first;
+        } else {
+            for (Py_ssize_t j = 0; j < reach; j++) {
+                span[j] -= half[j];
+                due[j] -= half[j];
+                before[j] += half[j];
+            }
+            before_others += take;
+            position += first;
+            length_ -= first;
+        }
+    }
+    /* one position left: the pick of the leaf whose last page it is */
+    memset(out, 0, (size_t)k * sizeof(int64_t));
+    for (Py_ssize_t j = 0; j < reach; j++) out[idx[j]] = before[j] + (span[j] == 1 && due[j] == 1);
+    /* the leaves that cannot empty share before_others of their `others` picks */
+    int64_t pool = others, take = before_others;
+    Py_ssize_t last = -1;
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (counts[i] < remaining[i]) last = i;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (counts[i] >= remaining[i]) continue;
+        if (i == last) {
+            out[i] = take;
+            break;
+        }
+        if (next_uniform(u, start, len, used, &v) < 0) return -2;
+        int64_t x = hypergeometric(counts[i], pool - counts[i], take, v);
+        out[i] = x;
+        pool -= counts[i];
+        take -= x;
+    }
+    return (Py_ssize_t)position;
+}
+
+/* The active leaves of steps and cut_rounds, by position: label, pages left, pages taken so
+   far. Candidates have labels 0 .. k - 1 (their totals go to taken[label]); a joined
+   parent gets the next label from k and its total goes to joined[label - k]. */
+typedef struct {
+    Py_ssize_t k, active, joined_n, joined_cap;
+    int64_t *label, *left, *picked, *joined, *taken;
+    PyObject *emptied, *joins;
+} Leaves;
+
+/* 0, or -1 with an error set (then leaves_free still frees what was allocated). */
+static int leaves_init(Leaves *s, const int64_t *pages, Py_ssize_t k, int64_t *taken,
+                       PyObject *joins) {
+    memset(s, 0, sizeof *s);
+    size_t room = (size_t)(k ? k : 1) * sizeof(int64_t);
+    s->label = PyMem_Malloc(room);
+    s->left = PyMem_Malloc(room);
+    s->picked = PyMem_Malloc(room);
+    s->emptied = PyList_New(0);
+    if (s->label == NULL || s->left == NULL || s->picked == NULL || s->emptied == NULL) {
+        if (s->emptied != NULL) PyErr_NoMemory();
+        return -1;
+    }
+    s->k = s->active = k;
+    s->taken = taken;
+    s->joins = joins;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        s->label[i] = i;
+        s->left[i] = pages[i];
+        s->picked[i] = 0;
+        taken[i] = 0;
+    }
+    return 0;
+}
+
+static void leaves_free(Leaves *s) {
+    PyMem_Free(s->label);
+    PyMem_Free(s->left);
+    PyMem_Free(s->picked);
+    PyMem_Free(s->joined);
+    Py_XDECREF(s->emptied);
+}
+
+/* The active leaf at position j has no page left: its total recorded, its label appended
+   to `emptied`, out of the order (the others keep theirs); then parent_joins(label) (an
+   int or None) may add its parent with that many pages at the end. 0, or -1 with an
+   error set. */
+static int leaves_empty(Leaves *s, Py_ssize_t j) {
+    int64_t who = s->label[j];
+    if (who < s->k) s->taken[who] = s->picked[j];
+    else s->joined[who - s->k] = s->picked[j];
+    PyObject *who_obj = PyLong_FromLongLong((long long)who);
+    if (who_obj == NULL || PyList_Append(s->emptied, who_obj) < 0) {
+        Py_XDECREF(who_obj);
+        return -1;
+    }
+    s->active--;
+    size_t tail = (size_t)(s->active - j) * sizeof(int64_t);
+    memmove(s->label + j, s->label + j + 1, tail);
+    memmove(s->left + j, s->left + j + 1, tail);
+    memmove(s->picked + j, s->picked + j + 1, tail);
+    PyObject *got = PyObject_CallOneArg(s->joins, who_obj);
+    Py_DECREF(who_obj);
+    if (got == NULL) return -1;
+    long long parent_pages = 0;
+    if (got != Py_None) {
+        parent_pages = PyLong_AsLongLong(got);
+        if (parent_pages == -1 && PyErr_Occurred()) {
+            Py_DECREF(got);
+            PyErr_SetString(PyExc_TypeError, "parent_joins: must return an int or None");
+            return -1;
+        }
+    }
+    Py_DECREF(got);
+    if (parent_pages <= 0) return 0;
+    if (s->joined_n == s->joined_cap) {
+        Py_ssize_t cap = s->joined_cap ? 2 * s->joined_cap : 16;
+        int64_t *grown = PyMem_Realloc(s->joined, (size_t)cap * sizeof(int64_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->joined = grown;
+        s->joined_cap = cap;
+    }
+    s->joined[s->joined_n] = 0;
+    s->label[s->active] = s->k + s->joined_n;
+    s->left[s->active] = parent_pages;
+    s->picked[s->active] = 0;
+    s->joined_n++;
+    s->active++;
+    return 0;
+}
+
+/* (taken_out, n, emptied, joined_taken) once the draw is over: the totals of the leaves
+   still holding pages recorded first. NULL with an error set. */
+static PyObject *leaves_result(Leaves *s, PyObject *taken_out, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < s->active; i++) {
+        if (s->label[i] < s->k) s->taken[s->label[i]] = s->picked[i];
+        else s->joined[s->label[i] - s->k] = s->picked[i];
+    }
+    PyObject *joined_list = PyList_New(s->joined_n);
+    if (joined_list == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < s->joined_n; i++) {
+        PyObject *v = PyLong_FromLongLong((long long)s->joined[i]);
+        if (v == NULL) {
+            Py_DECREF(joined_list);
+            return NULL;
+        }
+        PyList_SET_ITEM(joined_list, i, v);
+    }
+    return Py_BuildValue("(OnON)", taken_out, n, s->emptied, joined_list);
+}
+
 /* steps(uniforms, start, need, pages, k, parent_joins, taken_out)
    -> (taken_out, used, emptied, joined_taken)
 
@@ -538,32 +763,17 @@ static PyObject *steps(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             goto fail;
         }
     }
-    int64_t *taken = a[2].view.buf;
     const double *u = (const double *)a[0].view.buf + start;
-    /* the active leaves, by position: label, pages left, pages taken so far; a joined
-       parent's total goes to `joined` (label - k) when it empties or at the end */
-    size_t room = (size_t)(k ? k : 1) * sizeof(int64_t);
-    int64_t *label = PyMem_Malloc(room), *left = PyMem_Malloc(room), *picked = PyMem_Malloc(room);
-    int64_t *joined = NULL;
-    Py_ssize_t joined_n = 0, joined_cap = 0;
-    PyObject *emptied = PyList_New(0);
-    if (label == NULL || left == NULL || picked == NULL || emptied == NULL) {
-        if (emptied != NULL) PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < k; i++) {
-        label[i] = i;
-        left[i] = pages[i];
-        picked[i] = 0;
-        taken[i] = 0;
-    }
-    Py_ssize_t active = k, used = 0, careful = 0;
-    while (used < need && active > 0) {
-        const double scale = (double)active;
+    Leaves s;
+    if (leaves_init(&s, pages, k, a[2].view.buf, joins) < 0) goto done;
+    int64_t *left = s.left, *picked = s.picked;
+    Py_ssize_t used = 0, careful = 0;
+    while (used < need && s.active > 0) {
+        const double scale = (double)s.active;
         if (careful == 0) {
             /* fewer picks than the smallest leaf holds empty none: count them in a block */
             int64_t smallest = left[0];
-            for (Py_ssize_t i = 1; i < active; i++)
+            for (Py_ssize_t i = 1; i < s.active; i++)
                 if (left[i] < smallest) smallest = left[i];
             Py_ssize_t block = need - used;
             if (smallest - 1 < block) block = (Py_ssize_t)(smallest - 1);
@@ -582,7 +792,7 @@ static PyObject *steps(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
                 used += block;
                 continue;
             }
-            careful = active; /* this many picks one at a time before the next scan */
+            careful = s.active; /* this many picks one at a time before the next scan */
         }
         careful--;
         double x = u[used] * scale;
@@ -594,72 +804,134 @@ static PyObject *steps(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         Py_ssize_t j = (Py_ssize_t)x;
         picked[j]++;
         if (--left[j] > 0) continue;
-        /* leaf `who` emptied: out of the order, then its parent may join at the end */
-        int64_t who = label[j];
-        if (who < k) taken[who] = picked[j];
-        else joined[who - k] = picked[j];
-        PyObject *who_obj = PyLong_FromLongLong((long long)who);
-        if (who_obj == NULL || PyList_Append(emptied, who_obj) < 0) {
-            Py_XDECREF(who_obj);
-            goto done;
-        }
-        active--;
-        size_t tail = (size_t)(active - j) * sizeof(int64_t);
-        memmove(label + j, label + j + 1, tail);
-        memmove(left + j, left + j + 1, tail);
-        memmove(picked + j, picked + j + 1, tail);
-        PyObject *got = PyObject_CallOneArg(joins, who_obj);
-        Py_DECREF(who_obj);
-        if (got == NULL) goto done;
-        long long parent_pages = 0;
-        if (got != Py_None) {
-            parent_pages = PyLong_AsLongLong(got);
-            if (parent_pages == -1 && PyErr_Occurred()) {
-                Py_DECREF(got);
-                PyErr_SetString(PyExc_TypeError, "parent_joins: must return an int or None");
-                goto done;
-            }
-        }
-        Py_DECREF(got);
-        if (parent_pages <= 0) continue;
-        if (joined_n == joined_cap) {
-            Py_ssize_t cap = joined_cap ? 2 * joined_cap : 16;
-            int64_t *grown = PyMem_Realloc(joined, (size_t)cap * sizeof(int64_t));
-            if (grown == NULL) {
-                PyErr_NoMemory();
-                goto done;
-            }
-            joined = grown;
-            joined_cap = cap;
-        }
-        joined[joined_n] = 0;
-        label[active] = k + joined_n;
-        left[active] = parent_pages;
-        picked[active] = 0;
-        joined_n++;
-        active++;
+        if (leaves_empty(&s, j) < 0) goto done;
     }
-    for (Py_ssize_t i = 0; i < active; i++) { /* the leaves still holding pages */
-        if (label[i] < k) taken[label[i]] = picked[i];
-        else joined[label[i] - k] = picked[i];
-    }
-    PyObject *joined_list = PyList_New(joined_n);
-    if (joined_list == NULL) goto done;
-    for (Py_ssize_t i = 0; i < joined_n; i++) {
-        PyObject *v = PyLong_FromLongLong((long long)joined[i]);
-        if (v == NULL) {
-            Py_DECREF(joined_list);
-            goto done;
-        }
-        PyList_SET_ITEM(joined_list, i, v);
-    }
-    out = Py_BuildValue("(OnON)", args[6], used, emptied, joined_list);
+    out = leaves_result(&s, args[6], used);
 done:
-    PyMem_Free(label);
-    PyMem_Free(left);
-    PyMem_Free(picked);
-    PyMem_Free(joined);
-    Py_XDECREF(emptied);
+    leaves_free(&s);
+fail:
+    release(a, 3);
+    return out;
+}
+
+/* cut_rounds(uniforms, start, need, pages, k, parent_joins, refill, taken_out)
+   -> (taken_out, end, emptied, joined_taken)
+
+   steps' draw (the same leaves, order, labels, parent_joins and results) by rounds, for
+   leaves that get many picks each: a round draws all the picks still needed as counts
+   over the active leaves (even_draw(): a binomial per leaf), and if one reaches what its
+   leaf holds, where the first leaf empties among them (emptying_draw(): the round's
+   picks up to that one are taken, the rest drawn again over the new set in the next
+   round, which the process's independence makes exact). A round costs O(active) draws
+   plus O(log picks) per leaf that can empty, not a draw per page. Uniforms come from
+   `start` on; when fewer are left than a round's draws may need, refill() (which
+   refills `uniforms` in place: a Draws' buffer) is called and the round goes on from
+   position 0. `end` is the position after the last uniform used. The active count
+   never exceeds k, so a round needs at most k * (bit_length(need) + 2) uniforms, which
+   the buffer must hold. */
+static PyObject *cut_rounds(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_args(nargs, 8, "cut_rounds") < 0) return NULL;
+    Arr a[3];
+    memset(a, 0, sizeof a);
+    PyObject *out = NULL;
+    int64_t *work = NULL;
+    Py_ssize_t start, need, k;
+    if (get_ssize(args[1], &start, "start") < 0 || get_ssize(args[2], &need, "need") < 0 ||
+        get_ssize(args[4], &k, "k") < 0)
+        return NULL;
+    PyObject *joins = args[5], *refill = args[6];
+    if (!PyCallable_Check(joins) || !PyCallable_Check(refill)) {
+        PyErr_SetString(PyExc_TypeError, "parent_joins, refill: expected callables");
+        return NULL;
+    }
+    if (get(args[0], &a[0], 0, 'f', "uniforms") < 0 || get(args[3], &a[1], 0, 'i', "pages") < 0 ||
+        get(args[7], &a[2], 1, 'i', "taken_out") < 0)
+        goto fail;
+    if (k < 0 || k > length(&a[1]) || k > length(&a[2])) {
+        PyErr_Format(PyExc_ValueError, "k: %zd is outside the arrays", k);
+        goto fail;
+    }
+    Py_ssize_t len = length(&a[0]);
+    if (need < 0 || start < 0 || start > len) {
+        PyErr_Format(PyExc_ValueError, "start, need: %zd, %zd: need >= 0, start in the uniforms",
+                     start, need);
+        goto fail;
+    }
+    int bits = 0;
+    for (int64_t v = need; v > 0; v >>= 1) bits++;
+    if ((int64_t)k * (bits + 2) > (int64_t)len) {
+        PyErr_Format(PyExc_ValueError, "uniforms: %zd hold fewer than a round may need (%lld)",
+                     len, (long long)k * (bits + 2));
+        goto fail;
+    }
+    const int64_t *pages = a[1].view.buf;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (pages[i] < 1) {
+            PyErr_Format(PyExc_ValueError, "pages[%zd] = %lld: every candidate must hold a "
+                         "page", i, (long long)pages[i]);
+            goto fail;
+        }
+    }
+    const double *u = (const double *)a[0].view.buf;
+    Leaves s;
+    if (leaves_init(&s, pages, k, a[2].view.buf, joins) < 0) goto done;
+    /* the round's counts, the picks up to its first emptying, emptying_draw()'s scratch */
+    work = PyMem_Malloc((size_t)(7 * (k ? k : 1)) * sizeof(int64_t));
+    if (work == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *counts = work, *upto = work + k, *scratch = work + 2 * k;
+    Py_ssize_t pos = start;
+    int64_t left_need = need;
+    while (left_need > 0 && s.active > 0) {
+        Py_ssize_t active = s.active;
+        if (pos + active - 1 > len) { /* the round's counts: active - 1 uniforms */
+            PyObject *r = PyObject_CallNoArgs(refill);
+            if (r == NULL) goto done;
+            Py_DECREF(r);
+            pos = 0;
+        }
+        if (even_draw(u, pos, left_need, active, counts) < 0) goto done;
+        pos += active - 1;
+        Py_ssize_t reach = 0;
+        for (Py_ssize_t i = 0; i < active; i++) reach += counts[i] >= s.left[i];
+        if (reach == 0) { /* nobody empties: every pick stands */
+            for (Py_ssize_t i = 0; i < active; i++) {
+                s.left[i] -= counts[i];
+                s.picked[i] += counts[i];
+            }
+            left_need = 0;
+            break;
+        }
+        int nbits = 0;
+        for (int64_t v = left_need; v > 0; v >>= 1) nbits++;
+        if (pos + reach * nbits + active > len) { /* what emptying_draw() may take */
+            PyObject *r = PyObject_CallNoArgs(refill);
+            if (r == NULL) goto done;
+            Py_DECREF(r);
+            pos = 0;
+        }
+        Py_ssize_t used = 0;
+        Py_ssize_t at = emptying_draw(counts, s.left, active, u, pos, len, &used, upto, scratch);
+        if (at < 0) {
+            if (at == -1) PyErr_SetString(PyExc_AssertionError, "cut_rounds: no leaf emptied");
+            goto done;
+        }
+        pos += used;
+        left_need -= at + 1;
+        Py_ssize_t gone = -1;
+        for (Py_ssize_t i = 0; i < active; i++) {
+            s.left[i] -= upto[i];
+            s.picked[i] += upto[i];
+            if (s.left[i] == 0) gone = i;
+        }
+        if (leaves_empty(&s, gone) < 0) goto done;
+    }
+    out = leaves_result(&s, args[7], pos);
+done:
+    PyMem_Free(work);
+    leaves_free(&s);
 fail:
     release(a, 3);
     return out;
@@ -1038,137 +1310,50 @@ static PyObject *counts_emptying(PyObject *self, PyObject *const *args, Py_ssize
     Arr a[4];
     memset(a, 0, sizeof a);
     int64_t *work = NULL;
+    PyObject *result = NULL;
     Py_ssize_t k, start;
     if (get_ssize(args[2], &k, "k") < 0 || get_ssize(args[4], &start, "start") < 0) return NULL;
     if (get(args[0], &a[0], 0, 'i', "counts") < 0 ||
         get(args[1], &a[1], 0, 'i', "remaining") < 0 ||
         get(args[3], &a[2], 0, 'f', "uniforms") < 0 ||
         get(args[5], &a[3], 1, 'i', "counts_out") < 0)
-        goto fail;
+        goto done;
     if (k < 1 || k > length(&a[0]) || k > length(&a[1]) || k > length(&a[3])) {
         PyErr_Format(PyExc_ValueError,
                      "k: %zd is not in 1..len(counts), len(remaining), len(counts_out)", k);
-        goto fail;
+        goto done;
     }
     if (start < 0 || start > length(&a[2])) {
         PyErr_Format(PyExc_ValueError, "start: %zd is outside the uniforms", start);
-        goto fail;
+        goto done;
     }
     const int64_t *counts = a[0].view.buf, *remaining = a[1].view.buf;
-    const double *u = (const double *)a[2].view.buf;
-    Py_ssize_t left = length(&a[2]) - start, used = 0;
-    u += start;
     int64_t *out = a[3].view.buf;
     if ((const int64_t *)out == counts || (const int64_t *)out == remaining) {
         PyErr_SetString(PyExc_ValueError, "counts_out: must not be counts or remaining");
-        goto fail;
+        goto done;
     }
-    Py_ssize_t reach = 0;
-    int64_t n = 0, others = 0;
     for (Py_ssize_t i = 0; i < k; i++) {
         if (remaining[i] < 1 || counts[i] < 0) {
             PyErr_Format(PyExc_ValueError,
                          "counts[%zd], remaining[%zd] = %lld, %lld: need counts >= 0 and "
                          "remaining >= 1", i, i, (long long)counts[i], (long long)remaining[i]);
-            goto fail;
+            goto done;
         }
-        n += counts[i];
-        if (counts[i] >= remaining[i]) reach++;
-        else others += counts[i];
     }
-    if (reach == 0) {
-        memcpy(out, counts, (size_t)k * sizeof(int64_t));
-        release(a, 4);
-        return Py_BuildValue("(nnO)", (Py_ssize_t)-1, (Py_ssize_t)0, args[5]);
-    }
-    /* for each leaf that can empty: its index, its picks in the span, the pages it still
-       has to take to empty (from the span's start), its picks before the span */
-    work = PyMem_Malloc((size_t)(5 * reach) * sizeof(int64_t));
+    work = PyMem_Malloc((size_t)(5 * k) * sizeof(int64_t));
     if (work == NULL) {
         PyErr_NoMemory();
-        goto fail;
+        goto done;
     }
-    int64_t *idx = work, *span = work + reach, *due = work + 2 * reach, *before = work + 3 * reach;
-    int64_t *half = work + 4 * reach; /* the first half's picks */
-    for (Py_ssize_t i = 0, j = 0; i < k; i++) {
-        if (counts[i] >= remaining[i]) {
-            idx[j] = i;
-            span[j] = counts[i];
-            due[j] = remaining[i];
-            before[j] = 0;
-            j++;
-        }
-    }
-    int64_t length_ = n, span_others = others, before_others = 0, position = 0;
-    while (length_ > 1) {
-        int64_t first = length_ / 2, pool = length_, take = first;
-        int reached = 0;
-        for (Py_ssize_t j = 0; j < reach; j++) {
-            if (used >= left) goto ran_out;
-            double v = u[used++];
-            if (!(v >= 0.0 && v < 1.0)) {
-                PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)",
-                             start + used - 1);
-                goto fail;
-            }
-            int64_t x = hypergeometric(span[j], pool - span[j], take, v);
-            half[j] = x;
-            pool -= span[j];
-            take -= x;
-            reached |= x >= due[j];
-        }
-        /* take: the first half's picks of the leaves that cannot empty */
-        if (reached) {
-            for (Py_ssize_t j = 0; j < reach; j++) span[j] = half[j];
-            span_others = take;
-            length_ = first;
-        } else {
-            for (Py_ssize_t j = 0; j < reach; j++) {
-                span[j] -= half[j];
-                due[j] -= half[j];
-                before[j] += half[j];
-            }
-            span_others -= take;
-            before_others += take;
-            position += first;
-            length_ -= first;
-        }
-    }
-    /* one position left: the pick of the leaf whose last page it is */
-    memset(out, 0, (size_t)k * sizeof(int64_t));
-    for (Py_ssize_t j = 0; j < reach; j++) out[idx[j]] = before[j] + (span[j] == 1 && due[j] == 1);
-    /* the leaves that cannot empty share before_others of their `others` picks */
-    int64_t pool = others, take = before_others;
-    Py_ssize_t last = -1;
-    for (Py_ssize_t i = 0; i < k; i++)
-        if (counts[i] < remaining[i]) last = i;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        if (counts[i] >= remaining[i]) continue;
-        if (i == last) {
-            out[i] = take;
-            break;
-        }
-        if (used >= left) goto ran_out;
-        double v = u[used++];
-        if (!(v >= 0.0 && v < 1.0)) {
-            PyErr_Format(PyExc_ValueError, "uniforms[%zd] is not in [0, 1)", start + used - 1);
-            goto fail;
-        }
-        int64_t x = hypergeometric(counts[i], pool - counts[i], take, v);
-        out[i] = x;
-        pool -= counts[i];
-        take -= x;
-    }
+    Py_ssize_t used = 0;
+    Py_ssize_t at = emptying_draw(counts, remaining, k, a[2].view.buf, start, length(&a[2]),
+                                  &used, out, work);
+    if (at >= -1) result = Py_BuildValue("(nnO)", at, used, args[5]);
+done:
     PyMem_Free(work);
     release(a, 4);
-    return Py_BuildValue("(nnO)", (Py_ssize_t)position, used, args[5]);
-ran_out:
-    PyErr_Format(PyExc_ValueError, "uniforms: fewer than needed from start %zd (%zd)", start,
-                 left);
-fail:
-    PyMem_Free(work);
-    release(a, 4);
-    return NULL;
+    return result;
 }
 
 /* trim_gather(size, slots, taken, k, page, off, source, out, at) -> tokens cut
@@ -1300,6 +1485,9 @@ static PyMethodDef methods[] = {
     FASTCALL(steps,
      "steps(uniforms, start, need, pages, k, parent_joins, taken_out) -> (taken_out, used, "
      "emptied, joined_taken)"),
+    FASTCALL(cut_rounds,
+     "cut_rounds(uniforms, start, need, pages, k, parent_joins, refill, taken_out) -> "
+     "(taken_out, end, emptied, joined_taken)"),
     FASTCALL(bridge_params,
      "bridge_params(start, end, size, lo, hi, t_lo, t_hi, t, n_out, p_out) -> (n_out, p_out)"),
     FASTCALL(bridge_finish,

@@ -82,6 +82,17 @@ def first_emptying(
 def counts_emptying(
     counts: Any, remaining: Any, k: int, uniforms: Any, start: int, counts_out: Any, /
 ) -> tuple[int, int, Any]: ...
+def cut_rounds(
+    uniforms: Any,
+    start: int,
+    need: int,
+    pages: Any,
+    k: int,
+    parent_joins: Callable[[int], int | None],
+    refill: Callable[[], object],
+    taken_out: Any,
+    /,
+) -> tuple[Any, int, list[int], list[int]]: ...
 def trim_gather(
     size: Any,
     slots: Any,

@@ -75,6 +75,15 @@ the same results.
   ``even_counts``' binomials are (the probability at the mode is R's ``dhyper``: three of
   Loader's binomial terms); ``used`` says how many; (-1, 0, the counts) if no leaf can
   empty. The twin is plain Python, step for step the same arithmetic.
+- ``cut_rounds(uniforms, start, need, pages, k, parent_joins, refill, taken_out) ->
+  (taken, end, emptied, joined_taken)``: ``steps``' draw (the same leaves, labels, joins and
+  results) by rounds, for leaves that get many picks each: a round draws the picks still
+  needed as counts (``even_counts``) and, if a leaf empties among them, where the first
+  does (``counts_emptying``); the picks after it are drawn again over the new set in the
+  next round. ``refill()`` refills ``uniforms`` in place when fewer are left than a round
+  may need (a ``Draws``' buffer), the round going on from position 0; ``end`` is the
+  position after the last uniform used. The buffer must hold ``k * (bit_length(need) +
+  2)`` uniforms. The twin is plain Python, the same draws.
 - ``trim(size, slots, taken, k, page, off, starts_out, lengths_out) -> tokens``: for
   ``i < k``, ``size[slots[i]] -= taken[i] * page`` (the compiled loop, which writes raw
   memory, checks every slot and that no cut is negative or more than the leaf holds before
@@ -108,6 +117,7 @@ __all__ = [
     "bridge_finish",
     "bridge_params",
     "counts_emptying",
+    "cut_rounds",
     "even_counts",
     "even_pmf",
     "first_emptying",
@@ -491,6 +501,71 @@ def _hypergeometric(good: int, bad: int, sample: int, u: float) -> int:
                 return down
 
 
+def _emptying_draw(
+    have: list[int], rest: list[int], uniform: Callable[[], float]
+) -> tuple[int, list[int]]:
+    """``counts_emptying``'s draw on lists (``uniform()`` gives the next uniform): the
+    position and the picks per leaf up to it, or (-1, the counts)."""
+    k = len(have)
+    reach = [i for i in range(k) if have[i] >= rest[i]]
+    if not reach:
+        return -1, list(have)
+    others = sum(c for c, r in zip(have, rest, strict=True) if c < r)
+    span = [have[i] for i in reach]
+    due = [rest[i] for i in reach]
+    before = [0] * len(reach)
+    length, before_others, position = sum(have), 0, 0
+    while length > 1:
+        first = length // 2
+        pool, take, half = length, first, []
+        for j in range(len(reach)):
+            x = _hypergeometric(span[j], pool - span[j], take, uniform())
+            half.append(x)
+            pool -= span[j]
+            take -= x
+        if any(x >= d for x, d in zip(half, due, strict=True)):
+            span, length = half, first
+        else:
+            span = [s - x for s, x in zip(span, half, strict=True)]
+            due = [d - x for d, x in zip(due, half, strict=True)]
+            before = [b + x for b, x in zip(before, half, strict=True)]
+            before_others += take
+            position += first
+            length -= first
+    out = [0] * k
+    for j, i in enumerate(reach):
+        out[i] = before[j] + (span[j] == 1 and due[j] == 1)
+    pool, take = others, before_others
+    lower = [i for i in range(k) if have[i] < rest[i]]
+    for i in lower[:-1]:
+        x = _hypergeometric(have[i], pool - have[i], take, uniform())
+        out[i] = x
+        pool -= have[i]
+        take -= x
+    if lower:
+        out[lower[-1]] = take
+    return position, out
+
+
+def _uniforms_from(uniforms: np.ndarray, start: int) -> tuple[Callable[[], float], list[int]]:
+    """``uniform()``: the next of ``uniforms[start:]``, checked as ``_kernels.c``'s
+    ``next_uniform`` checks it; ``used[0]``: how many it gave."""
+    used = [0]
+    end = len(uniforms)
+
+    def uniform() -> float:
+        at = start + used[0]
+        if at >= end:
+            raise ValueError(f"uniforms: fewer than needed from start {start} ({end - start})")
+        used[0] += 1
+        u = float(uniforms[at])
+        if not 0.0 <= u < 1.0:
+            raise ValueError(f"uniforms[{at}] is not in [0, 1)")
+        return u
+
+    return uniform, used
+
+
 def numpy_counts_emptying(
     counts: np.ndarray,
     remaining: np.ndarray,
@@ -509,58 +584,81 @@ def numpy_counts_emptying(
             raise ValueError(
                 f"counts[{i}], remaining[{i}] = {c}, {r}: need counts >= 0 and remaining >= 1"
             )
-    reach = [i for i in range(k) if have[i] >= rest[i]]
-    if not reach:
-        return -1, 0, np.asarray(have, dtype=np.int64)
-    others = sum(c for c, r in zip(have, rest, strict=True) if c < r)
-    left = len(uniforms) - start
-    used = 0
+    uniform, used = _uniforms_from(uniforms, start)
+    at, out = _emptying_draw(have, rest, uniform)
+    return at, (used[0] if at >= 0 else 0), np.asarray(out, dtype=np.int64)
 
-    def uniform() -> float:
-        nonlocal used
-        if used >= left:
-            raise ValueError(f"uniforms: fewer than needed from start {start} ({left})")
-        u = float(uniforms[start + used])
-        used += 1
-        if not 0.0 <= u < 1.0:
-            raise ValueError(f"uniforms[{start + used - 1}] is not in [0, 1)")
-        return u
 
-    span = [have[i] for i in reach]
-    due = [rest[i] for i in reach]
-    before = [0] * len(reach)
-    length, span_others, before_others, position = sum(have), others, 0, 0
-    while length > 1:
-        first = length // 2
-        pool, take, half = length, first, []
-        for j in range(len(reach)):
-            x = _hypergeometric(span[j], pool - span[j], take, uniform())
-            half.append(x)
-            pool -= span[j]
-            take -= x
-        if any(x >= d for x, d in zip(half, due, strict=True)):
-            span, span_others, length = half, take, first
+def numpy_cut_rounds(
+    uniforms: np.ndarray,
+    start: int,
+    need: int,
+    pages: np.ndarray,
+    k: int,
+    parent_joins: Callable[[int], int | None],
+    refill: Callable[[], object],
+    taken_out: np.ndarray | None,
+) -> tuple[np.ndarray, int, list[int], list[int]]:
+    length = len(uniforms)
+    if not 0 <= k <= len(pages):
+        raise ValueError(f"k: {k} is outside the arrays")
+    if need < 0 or not 0 <= start <= length:
+        raise ValueError(f"start, need: {start}, {need}: need >= 0, start in the uniforms")
+    if k * (need.bit_length() + 2) > length:
+        raise ValueError(
+            f"uniforms: {length} hold fewer than a round may need ({k * (need.bit_length() + 2)})"
+        )
+    left = [int(p) for p in pages[:k]]
+    for i, p in enumerate(left):
+        if p < 1:
+            raise ValueError(f"pages[{i}] = {p}: every candidate must hold a page")
+    labels, picked = list(range(k)), [0] * k
+    totals = [0] * k
+    joined: list[int] = []
+    emptied: list[int] = []
+    pos, left_need = start, need
+    while left_need > 0 and labels:
+        active = len(labels)
+        if pos + active - 1 > length:
+            refill()
+            pos = 0
+        counts = numpy_even_counts(uniforms, pos, left_need, active, None).tolist()
+        pos += active - 1
+        reach = sum(c >= r for c, r in zip(counts, left, strict=True))
+        if not reach:  # nobody empties: every pick stands
+            picked = [p + c for p, c in zip(picked, counts, strict=True)]
+            break
+        if pos + reach * left_need.bit_length() + active > length:
+            refill()
+            pos = 0
+        uniform, used = _uniforms_from(uniforms, pos)
+        at, upto = _emptying_draw(counts, left, uniform)
+        assert at >= 0
+        pos += used[0]
+        left_need -= at + 1
+        left = [r - x for r, x in zip(left, upto, strict=True)]
+        picked = [p + x for p, x in zip(picked, upto, strict=True)]
+        gone = max(i for i in range(active) if left[i] == 0)
+        label = labels.pop(gone)
+        left.pop(gone)
+        taken = picked.pop(gone)
+        if label < k:
+            totals[label] = taken
         else:
-            span = [s - x for s, x in zip(span, half, strict=True)]
-            due = [d - x for d, x in zip(due, half, strict=True)]
-            before = [b + x for b, x in zip(before, half, strict=True)]
-            span_others -= take
-            before_others += take
-            position += first
-            length -= first
-    out = [0] * k
-    for j, i in enumerate(reach):
-        out[i] = before[j] + (span[j] == 1 and due[j] == 1)
-    pool, take = others, before_others
-    lower = [i for i in range(k) if have[i] < rest[i]]
-    for i in lower[:-1]:
-        x = _hypergeometric(have[i], pool - have[i], take, uniform())
-        out[i] = x
-        pool -= have[i]
-        take -= x
-    if lower:
-        out[lower[-1]] = take
-    return position, used, np.asarray(out, dtype=np.int64)
+            joined[label - k] = taken
+        emptied.append(label)
+        parent = parent_joins(label)
+        if parent is not None and parent > 0:
+            labels.append(k + len(joined))
+            joined.append(0)
+            left.append(parent)
+            picked.append(0)
+    for label, taken in zip(labels, picked, strict=True):
+        if label < k:
+            totals[label] = taken
+        else:
+            joined[label - k] = taken
+    return np.asarray(totals, dtype=np.int64), pos, emptied, joined
 
 
 def numpy_trim(
@@ -632,6 +730,7 @@ NUMPY_LOOPS = {
     "gap_first": numpy_gap_first,
     "first_emptying": numpy_first_emptying,
     "counts_emptying": numpy_counts_emptying,
+    "cut_rounds": numpy_cut_rounds,
     "trim": numpy_trim,
     "trim_gather": numpy_trim_gather,
     "gather": numpy_gather,
@@ -642,6 +741,7 @@ try:
         bridge_finish,
         bridge_params,
         counts_emptying,
+        cut_rounds,
         even_counts,
         first_emptying,
         first_round,

@@ -92,7 +92,7 @@ _PICK_BUFFER = 1 << 15
 # likely to empty runs page by page (``steps``): compiled, ~3-5 ns a page plus one Python call
 # per leaf that empties, against ~20-50 us of numpy calls per emptying for the rounds.
 _STEP_PAGES = 1 << 14
-METHODS = ("multinomial", "cut", "continuous", "steps")
+METHODS = ("multinomial", "cut", "continuous", "steps", "rounds")
 
 # ufunc reductions called directly: ``ndarray.min()`` and friends go through a Python-level
 # wrapper in numpy, which an eviction pays cold (a few microseconds each).
@@ -168,6 +168,11 @@ class Draws(np.random.Generator):
     def consume(self, n: int) -> None:
         self._used += n
 
+    def seek(self, end: int) -> None:
+        """The buffer's uniforms before ``end`` are used (a draw that read them in place,
+        refilling the buffer as it went: ``_rounds``)."""
+        self._used = end
+
     def _take(self, n: int) -> tuple[np.ndarray, int]:
         """The next ``n`` uniforms: the buffer (refilled first if it has fewer left) and
         where they start in it."""
@@ -235,6 +240,10 @@ def draw_leaf_counts(
     - ``steps``: the definition, one buffered uniform per page (``Draws`` only, at most
       ``_STEP_PAGES`` pages): O(pages), ~3-5 ns each compiled, plus a Python call per
       emptying: for a draw in which leaves are likely to empty among a few thousand pages.
+    - ``rounds``: cut rounds drawn as counts, their loop compiled (``kernels.cut_rounds``),
+      a Python call per emptying: O(leaves + log(pages) per leaf that can empty) a round,
+      for the same draws when each leaf gets many picks and few are likely to empty (long
+      documents, one trimmed short).
 
     Unless ``method`` forces one (tests), the draw starts with a cut round, which in the
     common case (no leaf empties) is the whole draw; the method for the rest is chosen from
@@ -252,6 +261,8 @@ def draw_leaf_counts(
         raise ValueError(f"unknown method {chosen!r}; known: {', '.join(METHODS)}")
     if chosen == "steps":
         return _steps(pages, need, gen, parent_joins)
+    if chosen == "rounds":
+        return _rounds(pages, need, gen, parent_joins)
     if first is None and method is None and chosen != "continuous":
         first = _draw_picks(gen, len(pages), need)
         if _nobody_empties(first[0], pages, need, smallest):
@@ -281,8 +292,10 @@ def _choose(
     stepwise: bool = False,
 ) -> str:
     """The cheapest exact path: page by page where a leaf is likely to empty among a few
-    thousand pages (``stepwise``: the generator can, ``_stepwise``), else rounds while few
-    leaves can empty, else continuous time.
+    thousand pages (``stepwise``: the generator can, ``_stepwise``), or, there, compiled
+    rounds of counts if the leaves get ``_BINOMIAL_PICKS_PER_LEAF`` picks each or more and
+    few are likely to empty (``rounds``: a leaf's pages cost one binomial a round, not a
+    step each); else rounds while few leaves can empty, else continuous time.
 
     Takes an array or, for a handful of leaves, a list (the same rule without numpy calls,
     so that both make the same choice and hence the same draws); ``smallest`` is its
@@ -295,6 +308,12 @@ def _choose(
     if need <= smallest:
         return "cut"  # no leaf can empty: one round is the whole draw
     likely = smallest <= _likely_bound(need, leaves)
+    if (
+        likely
+        and need >= leaves * _BINOMIAL_PICKS_PER_LEAF
+        and _likely_emptyings(remaining, need) <= max_rounds
+    ):
+        return "rounds"
     if stepwise and likely:
         return "steps"
     if need <= smallest * max_rounds and leaves * _MULTINOMIAL_PICKS_PER_LEAF <= need:
@@ -413,8 +432,9 @@ def draw_first_round(
     chosen = _choose(pages, need, _MAX_ROUNDS, None, _stepwise(gen, need))
     if chosen == "continuous":
         return chosen, None, None
-    if chosen == "steps":
-        counts = _first_steps(gen, pages, need, min(pages))
+    if chosen in ("steps", "rounds"):
+        start = _first_steps if chosen == "steps" else _first_rounds
+        counts = start(gen, pages, need, min(pages))
         return chosen, None, None if counts is None else counts.tolist()
     first = _draw_picks(gen, len(pages), need)
     taken = first[0].tolist()
@@ -434,6 +454,8 @@ def draw_first_counts(
         return chosen, None, None
     if chosen == "steps":
         return chosen, None, _first_steps(gen, pages, need, smallest)
+    if chosen == "rounds":
+        return chosen, None, _first_rounds(gen, pages, need, smallest)
     first = _draw_picks(gen, len(pages), need)
     whole = first[0] if _nobody_empties(first[0], pages, need, smallest) else None
     return chosen, first, whole
@@ -480,6 +502,51 @@ def _steps(
     taken, used, emptied, joined = kernels.steps(uniforms, start, need, pages, k, parent_joins, out)
     if draws is not None:
         draws.consume(used)
+    if joined:
+        taken = np.concatenate((taken, np.asarray(joined, dtype=np.int64)))
+    return taken, emptied
+
+
+def _first_rounds(
+    gen: np.random.Generator, pages: np.ndarray | list[int], need: int, smallest: int
+) -> np.ndarray | None:
+    """The start of ``rounds`` as a first round: its counts (``even_counts``, from the
+    next ``len(pages) - 1`` buffered uniforms). If they empty no leaf they are the whole
+    draw, consumed, and returned; else None, with nothing consumed: ``rounds`` then draws
+    the same counts first. ``gen`` is a ``Draws`` (``_stepwise``)."""
+    assert isinstance(gen, Draws)
+    k = len(pages)
+    uniforms, start = gen.window(k - 1)
+    out = np.empty(k, dtype=np.int64) if kernels.COMPILED else None
+    counts: np.ndarray = kernels.even_counts(uniforms, start, need, k, out)
+    if _nobody_empties(counts, pages, need, smallest):
+        gen.consume(k - 1)
+        return counts
+    return None
+
+
+def _rounds(
+    pages: np.ndarray, need: int, gen: np.random.Generator, parent_joins: ParentJoins
+) -> tuple[np.ndarray, list[int]]:
+    """The ``rounds`` draw (``kernels.cut_rounds``: ``steps``' draw by rounds of counts,
+    each cut at its first emptying) from a ``Draws``' buffer, refilled in place as the
+    rounds need; any other generator (or a buffer too small for a round) fills a buffer of
+    its own. Returns ``draw_leaf_counts``' (counts per label, labels emptied in order)."""
+    k = len(pages)
+    room = max(k * (need.bit_length() + 2), 1)  # the most one round may use
+    draws = gen if isinstance(gen, Draws) and room <= gen._buffer else None
+    if draws is not None:
+        uniforms, start = draws.ahead()
+        refill: Callable[[], object] = draws._refill
+    else:
+        uniforms, start = gen.random(room), 0
+        refill = partial(gen.random, out=uniforms)
+    out = np.empty(k, dtype=np.int64) if kernels.COMPILED else None
+    taken, end, emptied, joined = kernels.cut_rounds(
+        uniforms, start, need, pages, k, parent_joins, refill, out
+    )
+    if draws is not None:
+        draws.seek(end)
     if joined:
         taken = np.concatenate((taken, np.asarray(joined, dtype=np.int64)))
     return taken, emptied

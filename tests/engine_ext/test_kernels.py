@@ -14,6 +14,7 @@ import sysconfig
 import zipfile
 from collections.abc import Callable
 from fractions import Fraction
+from functools import partial
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -696,6 +697,74 @@ def test_steps_refuses_bad_input() -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(
+    st.lists(st.integers(1, 8) | st.integers(100, 5_000), min_size=0, max_size=20),
+    st.integers(0, 30_000),
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 4),
+    st.integers(0, 60),
+)
+def test_cut_rounds_agree_with_the_twin_and_add_up(
+    pages: list[int], need: int, seed: int, step: int, spare: int
+) -> None:
+    """``cut_rounds``: the compiled loop and its Python twin draw the same rounds from the
+    same uniforms, refilling a buffer barely larger than a round's worst case at the same
+    points (pages taken per label, leaves emptied in order, parents' calls, where the
+    uniforms ended); every emptied leaf lost all its pages, the others fewer, and the pages
+    taken are ``need`` or all there were. That this is RLT's draw is checked against the
+    per-page definition in ``test_leaf_sampling``."""
+    k = len(pages)
+    arr = np.array(pages, np.int64)
+    room = max(k * (need.bit_length() + 2), 1) + spare
+    results = []
+    for fn in both("cut_rounds"):
+        refills = np.random.default_rng(seed)
+        uniforms = refills.random(room)
+        joins = joins_every(step, 300)
+        out = np.full(k + 2, -7, np.int64)
+        taken, end, emptied, joined = fn(
+            uniforms, spare // 2, need, arr, k, joins, partial(refills.random, out=uniforms), out
+        )
+        if fn is not kernels.numpy_cut_rounds:
+            assert taken is out
+            assert (out[k:] == -7).all(), "wrote past k"
+        results.append((taken[:k].tolist(), end, emptied, joined, joins.calls))  # type: ignore[attr-defined]
+    assert results[0] == results[1]
+    taken_k, _, emptied, joined, _ = results[0]
+    sizes = pages + [300 + label % 5 for label in emptied if label % step == 0]
+    every = taken_k + joined
+    assert sum(every) == min(need, sum(sizes[: len(every)]))
+    for label, size in enumerate(sizes[: len(every)]):
+        assert every[label] == size if label in emptied else every[label] < size
+
+
+def test_cut_rounds_refuses_bad_input() -> None:
+    cut_rounds = implementation("compiled", "cut_rounds")
+    u, pages, out = np.full(16, 0.5), np.array([2, 3], np.int64), np.zeros(2, np.int64)
+
+    def none(label: int) -> None:
+        return None
+
+    def refill() -> None:
+        return None
+
+    with pytest.raises(ValueError, match="start, need: 17, 4: need >= 0, start in"):
+        cut_rounds(u, 17, 4, pages, 2, none, refill, out)
+    with pytest.raises(ValueError, match="k: 3 is outside the arrays"):
+        cut_rounds(u, 0, 4, pages, 3, none, refill, out)
+    with pytest.raises(ValueError, match=r"pages\[1\] = 0: every candidate must hold a page"):
+        cut_rounds(u, 0, 4, np.array([2, 0], np.int64), 2, none, refill, out)
+    with pytest.raises(ValueError, match=r"uniforms: 16 hold fewer than a round may need \(24\)"):
+        cut_rounds(u, 0, 1_000, pages, 2, none, refill, out)
+    with pytest.raises(TypeError, match="parent_joins, refill: expected callables"):
+        cut_rounds(u, 0, 4, pages, 2, none, None, out)
+    with pytest.raises(ZeroDivisionError):  # the callbacks' own errors go through
+        cut_rounds(u, 0, 4, np.array([1, 1], np.int64), 2, lambda label: 1 // 0, refill, out)
+    with pytest.raises(ValueError, match=r"uniforms\[0\] is not in \[0, 1\)"):
+        cut_rounds(np.full(16, 1.0), 0, 4, pages, 2, none, refill, out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
     st.integers(1, 60),
     st.integers(0, 10**7),
     st.integers(0, 2**32 - 1),
@@ -957,6 +1026,20 @@ for trial in range(300):  # counts_emptying against its twin
         continue
     want = kernels.numpy_counts_emptying(counts, left, k, u, 0, None)
     assert got[:2] == want[:2] and got[2].tolist() == want[2].tolist()
+for trial in range(200):  # cut_rounds against its twin, refilling a small buffer
+    k = rng.randint(0, 12)
+    sizes = [rng.choice([rng.randint(1, 9), rng.randint(100, 3_000)]) for _ in range(k)]
+    pages = np.array(sizes, np.int64)
+    need = rng.randint(0, int(pages.sum()) + 50)
+    room = max(k * (need.bit_length() + 2), 1) + rng.randint(0, 9)
+    results = []
+    for fn in (compiled.cut_rounds, kernels.numpy_cut_rounds):
+        g = np.random.default_rng(trial)
+        buf = g.random(room)
+        joins = lambda label: 200 + label if label % 2 == 0 else None
+        got = fn(buf, 0, need, pages, k, joins, lambda: g.random(out=buf), np.empty(k, np.int64))
+        results.append((got[0].tolist(), *got[1:]))
+    assert results[0] == results[1]
 print("clean")
 """
 

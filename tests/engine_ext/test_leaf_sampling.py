@@ -144,6 +144,12 @@ REACHABLE_PAGES = 2 + 1 + 2 + 4 + 1 + 3 + 1 + 2  # leaves plus A, B1, B (E is ma
         (SMALL, 9, "steps", None),  # page by page, parents joining on the way
         (SMALL, 13, "steps", None),  # deep into the parents
         (BIG, 18, "steps", None),  # beyond the leaves' total
+        # the same draws by compiled rounds of counts, cut at each first emptying
+        (SMALL, 2, "rounds", None),
+        (SMALL, 9, "rounds", None),
+        (SMALL, 13, "rounds", None),
+        (BIG, 12, "rounds", None),
+        (BIG, 18, "rounds", None),
     ],
     ids=[
         "small-1",
@@ -160,6 +166,11 @@ REACHABLE_PAGES = 2 + 1 + 2 + 4 + 1 + 3 + 1 + 2  # leaves plus A, B1, B (E is ma
         "small-9-steps",
         "small-13-steps",
         "big-18-steps",
+        "small-2-rounds",
+        "small-9-rounds",
+        "small-13-rounds",
+        "big-12-rounds",
+        "big-18-rounds",
     ],
 )
 def test_batched_sampler_matches_the_per_page_definition(
@@ -225,14 +236,15 @@ def test_shortcuts_match_the_per_page_definition(
 
 @pytest.mark.parametrize(
     ("sizes", "need", "method"),
-    [(SMALL, 5, "cut"), (BIG, 12, "cut"), (BIG, 12, None)],
-    ids=["small-5", "big-12", "big-12-default"],
+    [(SMALL, 5, "cut"), (BIG, 12, "cut"), (BIG, 12, None), (SMALL, 9, "rounds")],
+    ids=["small-5", "big-12", "big-12-default", "small-9-rounds"],
 )
 def test_counts_rounds_on_any_generator_match_the_per_page_definition(
     sizes: dict[str, int], need: int, method: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A plain numpy generator draws a round's counts as one multinomial; where the first
-    leaf empties among them comes from its own uniforms (``_counts_emptying``)."""
+    leaf empties among them comes from its own uniforms (``_counts_emptying``); compiled
+    rounds (``rounds``) fill and refill a buffer of their own from it."""
     monkeypatch.setattr(leaf_sampling, "_MULTINOMIAL_PICKS_PER_LEAF", 0)
     check_against_definition(sizes, need, {"method": method}, np.random.default_rng(need))
 
@@ -357,7 +369,11 @@ def test_the_cheapest_exact_path_is_chosen_from_the_sizes(
     [
         ([40] * 380, 10_000, "steps"),  # leaves empty within a buffer's worth of pages
         ([1] + [200] * 300, 400, "steps"),  # one short leaf (a cache RLT has trimmed)
-        ([300] + [8_000] * 14, 8_000, "steps"),  # long documents, one trimmed short
+        # long documents, one trimmed short: 533 picks a leaf, drawn as a binomial a leaf
+        # each round, a round per emptying (``kernels.cut_rounds``)
+        ([300] + [8_000] * 14, 8_000, "rounds"),
+        ([100] + [8_000] * 14, 1_900, "steps"),  # 127 picks a leaf: page by page
+        ([100] * 10 + [50_000] * 5, 2_000, "steps"),  # 10 leaves likely to empty: pages
         ([30] * 20 + [200] * 300, 400, "cut"),  # none likely to empty: one round
         ([200] * 260, 1_000, "cut"),  # none can empty
         ([5_000] * 12, 40_000, "multinomial"),  # past the step limit
