@@ -309,9 +309,11 @@ static int even_draw(const double *uniforms, Py_ssize_t start, int64_t n, Py_ssi
    left of the buffer must hold them, else the caller draws). Status 0: no leaf emptied,
    so the counts are the whole draw (the caller consumes `used` uniforms); 3: a leaf
    emptied in the picks of a page-by-page draw (counted up to that pick only), which the
-   caller runs from `start` (steps()); 1: the caller draws, from the candidates gathered
-   here (for 1 and 3 no uniform was consumed; `used` is 0); 2: the candidates hold fewer
-   than `need` pages (a new phase is due). The rules are leaf_sampling's _choose and _draw_picks. */
+   caller runs from `start` (steps()); 4: a leaf emptied in the first of compiled rounds,
+   which the caller runs from `start` (cut_rounds(), whose first round is these counts);
+   1: the caller draws, from the candidates gathered here (for 1, 3 and 4 no uniform was
+   consumed; `used` is 0); 2: the candidates hold fewer than `need` pages (a new phase is
+   due). The rules are leaf_sampling's _choose and _draw_picks. */
 static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (check_args(nargs, 15, "first_round") < 0) return NULL;
     Arr a[6];
@@ -410,7 +412,9 @@ static PyObject *first_round(PyObject *self, PyObject *const *args, Py_ssize_t n
             status = 0;
             for (Py_ssize_t i = 0; i < k; i++) {
                 if (counts[i] >= pages[i]) {
-                    status = 1; /* a leaf empties: the caller's draw goes on from here */
+                    /* a leaf empties: the caller's draw goes on from here (rounds: the
+                       caller's cut_rounds draws these counts again) */
+                    status = rounds ? 4 : 1;
                     used = 0;
                     break;
                 }

@@ -23,10 +23,14 @@ the same results.
   ``even_counts``; ``used`` uniforms from ``start``, if what is left of the buffer holds
   them. ``WHOLE``: no leaf emptied, the counts are the whole draw (the caller consumes
   the ``used`` uniforms); ``STEPS``: a leaf emptied in a page-by-page draw's picks (the
-  count stops at that pick), which the caller runs (``steps``) from ``start``; ``DRAW``:
-  the caller draws, from these candidates (for both, no uniform was consumed, ``used`` is
-  0); ``SHORT``: they hold fewer than ``need`` pages. The numpy twin never says ``WHOLE``
-  or ``STEPS``: the caller's own draw then runs, which is the same draw
+  count stops at that pick), which the caller runs (``steps``) from ``start``;
+  ``ROUNDS``: a leaf emptied in the first of compiled rounds of counts (at least
+  ``binomial_per_leaf`` picks per leaf, at most ``max_rounds`` leaves likely to empty),
+  which the caller runs (``cut_rounds``, whose first round is the same counts) from
+  ``start``; ``DRAW``: the caller draws, from these candidates (for these three, no
+  uniform was consumed, ``used`` is 0); ``SHORT``: they hold fewer than ``need`` pages.
+  The numpy twin never says ``WHOLE``, ``STEPS`` or ``ROUNDS``: the caller's own draw
+  then runs, which is the same draw
   (``tests/engine_ext/test_kernels.py``).
 - ``steps(uniforms, start, need, pages, k, parent_joins, taken_out) -> (taken, used,
   emptied, joined_taken)``: RLT's draw by its definition, page by page: ``k`` candidate
@@ -111,6 +115,7 @@ __all__ = [
     "COMPILED",
     "DRAW",
     "NUMPY_LOOPS",
+    "ROUNDS",
     "SHORT",
     "STEPS",
     "WHOLE",
@@ -133,7 +138,7 @@ __all__ = [
     "trim_gather",
 ]
 
-WHOLE, DRAW, SHORT, STEPS = 0, 1, 2, 3  # what ``first_round`` says
+WHOLE, DRAW, SHORT, STEPS, ROUNDS = 0, 1, 2, 3, 4  # what ``first_round`` says
 
 # The numpy ``steps``: picks per chunk at least (its cost is mostly per numpy call).
 _STEP_CHUNK = 64

@@ -124,6 +124,8 @@ class RLTEviction:
                 slots, pages = slots[:k], pages[:k]
             if status == kernels.STEPS:  # a leaf empties: page by page from the same picks
                 method, drawn = "steps", None
+            elif status == kernels.ROUNDS:  # a leaf empties: compiled rounds, the same first
+                method, drawn = "rounds", None
             else:
                 method, drawn, whole = draw_first_counts(pages, need, self.gen, smallest)
                 if whole is not None:  # no leaf emptied after all

@@ -557,7 +557,8 @@ def test_first_round_is_the_draw_leaf_sampling_makes(
     first round from ``Draws``' buffer (picks, or even counts with many picks per leaf)
     that empties no leaf, with the same counts from the same uniforms, and says how many
     uniforms that took; STEPS when the draw would go page by page and those picks empty a
-    leaf; it gathers the same candidates as the numpy twin and consumes nothing itself.
+    leaf, ROUNDS when it would go by compiled rounds and their first empties one; it
+    gathers the same candidates as the numpy twin and consumes nothing itself.
     ``binomial`` stands for ``_BINOMIAL_PICKS_PER_LEAF`` (small ones put these small draws
     on the even-counts path), ``step_pages`` for ``_STEP_PAGES`` (0: never page by page)."""
     first_round = implementation("compiled", "first_round")
@@ -604,6 +605,10 @@ def test_first_round_is_the_draw_leaf_sampling_makes(
         assert status == kernels.STEPS
         assert took == 0
         assert draws.ahead() == (uniforms, start), "nothing consumed: steps replays them"
+    elif buffered and method == "rounds":
+        assert status == kernels.ROUNDS
+        assert took == 0
+        assert draws.ahead() == (uniforms, start), "nothing consumed: the rounds redraw it"
     else:
         assert status == kernels.DRAW
         assert took == 0
