@@ -291,11 +291,11 @@ def _choose(
     smallest: int | None = None,
     stepwise: bool = False,
 ) -> str:
-    """The cheapest exact path: page by page where a leaf is likely to empty among a few
-    thousand pages (``stepwise``: the generator can, ``_stepwise``), or, there, compiled
-    rounds of counts if the leaves get ``_BINOMIAL_PICKS_PER_LEAF`` picks each or more and
-    few are likely to empty (``rounds``: a leaf's pages cost one binomial a round, not a
-    step each); else rounds while few leaves can empty, else continuous time.
+    """The cheapest exact path: where a leaf is likely to empty, compiled rounds of counts
+    if the leaves get ``_BINOMIAL_PICKS_PER_LEAF`` picks each or more and few are likely to
+    empty (``rounds``: a leaf's pages cost one binomial a round, not a step each; any
+    generator), else page by page among a few thousand pages (``stepwise``: the generator
+    can, ``_stepwise``); else rounds while few leaves can empty, else continuous time.
 
     Takes an array or, for a handful of leaves, a list (the same rule without numpy calls,
     so that both make the same choice and hence the same draws); ``smallest`` is its
