@@ -612,10 +612,18 @@ typedef struct {
     PyObject *emptied, *joins;
 } Leaves;
 
-/* 0, or -1 with an error set (then leaves_free still frees what was allocated). */
+/* 0, or -1 with an error set (then leaves_free still frees what was allocated): a ValueError
+   before anything is written if a candidate holds no page. */
 static int leaves_init(Leaves *s, const int64_t *pages, Py_ssize_t k, int64_t *taken,
                        PyObject *joins) {
     memset(s, 0, sizeof *s);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (pages[i] < 1) {
+            PyErr_Format(PyExc_ValueError, "pages[%zd] = %lld: every candidate must hold a "
+                         "page", i, (long long)pages[i]);
+            return -1;
+        }
+    }
     size_t room = (size_t)(k ? k : 1) * sizeof(int64_t);
     s->label = PyMem_Malloc(room);
     s->left = PyMem_Malloc(room);
@@ -760,13 +768,6 @@ static PyObject *steps(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         goto fail;
     }
     const int64_t *pages = a[1].view.buf;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        if (pages[i] < 1) {
-            PyErr_Format(PyExc_ValueError, "pages[%zd] = %lld: every candidate must hold a "
-                         "page", i, (long long)pages[i]);
-            goto fail;
-        }
-    }
     const double *u = (const double *)a[0].view.buf + start;
     Leaves s;
     if (leaves_init(&s, pages, k, a[2].view.buf, joins) < 0) goto done;
@@ -869,13 +870,6 @@ static PyObject *cut_rounds(PyObject *self, PyObject *const *args, Py_ssize_t na
         goto fail;
     }
     const int64_t *pages = a[1].view.buf;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        if (pages[i] < 1) {
-            PyErr_Format(PyExc_ValueError, "pages[%zd] = %lld: every candidate must hold a "
-                         "page", i, (long long)pages[i]);
-            goto fail;
-        }
-    }
     const double *u = (const double *)a[0].view.buf;
     Leaves s;
     if (leaves_init(&s, pages, k, a[2].view.buf, joins) < 0) goto done;
