@@ -513,8 +513,10 @@ def _first_rounds(
     """The start of ``rounds`` as a first round: its counts (``even_counts``, from the
     next ``len(pages) - 1`` buffered uniforms). If they empty no leaf they are the whole
     draw, consumed, and returned; else None, with nothing consumed: ``rounds`` then draws
-    the same counts first. ``gen`` is a ``Draws`` (``_stepwise``)."""
-    assert isinstance(gen, Draws)
+    the same counts first. Any other generator has no buffer to read ahead: None, nothing
+    drawn (``rounds`` draws it all from a buffer of its own)."""
+    if not isinstance(gen, Draws):
+        return None
     k = len(pages)
     uniforms, start = gen.window(k - 1)
     out = np.empty(k, dtype=np.int64) if kernels.COMPILED else None

@@ -249,6 +249,20 @@ def test_counts_rounds_on_any_generator_match_the_per_page_definition(
     check_against_definition(sizes, need, {"method": method}, np.random.default_rng(need))
 
 
+@pytest.mark.parametrize("need", [5, 9, 13])
+def test_rounds_chosen_for_a_plain_generator_match_the_per_page_definition(
+    need: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_choose`` takes the compiled rounds with any generator; a first round through
+    ``draw_first_round`` (a handful of leaves) then draws nothing from a plain generator,
+    which has no buffer to read ahead, and the rounds draw it all."""
+    monkeypatch.setattr(leaf_sampling, "_BINOMIAL_PICKS_PER_LEAF", 1)  # rounds on a small tree
+    monkeypatch.setattr(leaf_sampling, "FEW_LEAVES", 32)  # the lists' path, as without C
+    pages = [size for name, size in SMALL.items() if name in ("A1", "A2", "B11", "C", "E1")]
+    assert leaf_sampling._choose(pages, need, leaf_sampling._MAX_ROUNDS) == "rounds"
+    check_against_definition(SMALL, need, {}, np.random.default_rng(need))
+
+
 def check_against_definition(
     sizes: dict[str, int],
     need: int,
