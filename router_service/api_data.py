@@ -149,17 +149,28 @@ async def explain_recorded(decision_id: str, request: Request) -> JSONResponse:
     tags=["operations"],
 )
 async def health(request: Request) -> JSONResponse:
-    """200 while at least one worker is healthy and the router is not draining, else 503;
-    says how the load store runs."""
+    """200 while at least one worker can take a request (healthy, its circuit not open) and
+    the router is not draining, else 503; ``degraded`` when a circuit is open or the load
+    store runs on its fallback. Says how the load store runs."""
     state = _state(request)
     snap = state.snapshot()
-    healthy = [u for u, w in snap["workers"].items() if w["healthy"]]
+    workers = {
+        u: {
+            "healthy": w["healthy"],
+            "reason": w["reason"] if not w["healthy"] else w["circuit_reason"],
+            "circuit": w["circuit"],
+            "routable": w["healthy"] and w["circuit_reason"] is None,
+        }
+        for u, w in snap["workers"].items()
+    }
+    healthy = [u for u, w in workers.items() if w["healthy"]]
+    routable = [u for u, w in workers.items() if w["routable"]]
     store = snap["store"]
     if state.draining:
         status = "draining"
-    elif not healthy:
+    elif not routable:
         status = "unavailable"
-    elif store.get("mode") == "embedded-fallback":
+    elif store.get("mode") == "embedded-fallback" or len(routable) < len(healthy):
         status = "degraded"
     else:
         status = "ok"
@@ -168,9 +179,8 @@ async def health(request: Request) -> JSONResponse:
         "replica_id": state.replica_id,
         "policy": state.router.policy.name,
         "healthy_workers": len(healthy),
-        "workers": {
-            u: {"healthy": w["healthy"], "reason": w["reason"]} for u, w in snap["workers"].items()
-        },
+        "routable_workers": len(routable),
+        "workers": workers,
         "store": store,
         "index_sync": snap["index_sync"],
         "queue": snap["queue"],

@@ -224,8 +224,10 @@ class ExplainAnswer(BaseModel):
 
 
 class HealthWorker(BaseModel):
-    healthy: bool
+    healthy: bool = Field(description="answers its /health checks")
     reason: str | None
+    circuit: Literal["closed", "open", "half_open"]
+    routable: bool = Field(description="healthy and its circuit lets a request through now")
 
 
 class HealthAnswer(BaseModel):
@@ -235,6 +237,7 @@ class HealthAnswer(BaseModel):
     replica_id: str
     policy: str
     healthy_workers: int
+    routable_workers: int = Field(description="healthy workers whose circuit is not open")
     workers: dict[str, HealthWorker]
     store: dict[str, Any] = Field(description="load store mode and Redis fallback figures")
     index_sync: dict[str, Any] | None

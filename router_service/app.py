@@ -67,6 +67,7 @@ def _build_state(settings: Settings) -> ServiceState:
                 failure_threshold=settings.breaker_failures,
                 success_threshold=settings.breaker_successes,
                 open_s=settings.breaker_open_s,
+                trial_timeout_s=settings.breaker_trial_timeout_s,
             ),
         ),
         admission=Admission(

@@ -261,12 +261,16 @@ async def _commit(
         state.metrics.decision_seconds.labels(decision.policy).observe(
             time.perf_counter() - started
         )
-    state.pool.on_send(decision.chosen)
+    trial = state.pool.on_send(decision.chosen)
     reservation = None
-    if decision.reserve_ms is not None:
-        reservation = await state.store.reserve(decision.chosen, decision.reserve_ms)
+    try:
+        if decision.reserve_ms is not None:
+            reservation = await state.store.reserve(decision.chosen, decision.reserve_ms)
+    except BaseException:
+        state.pool.record_request(decision.chosen, "neutral", trial=trial)
+        raise
     state.decisions.add(decision, replica_id=state.replica_id, attempt=attempt)
-    return Flight(state, parsed, decision, reservation, started=started)
+    return Flight(state, parsed, decision, reservation, started=started, breaker_trial=trial)
 
 
 async def _drain(upstream: aiohttp.ClientResponse) -> bytes:

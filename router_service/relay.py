@@ -19,6 +19,7 @@ import aiohttp
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
+from router_service.breaker import Verdict
 from router_service.errors import ServiceError
 from router_service.load_store import StoreReservation
 from router_service.request_parsing import ParsedRequest
@@ -71,6 +72,7 @@ class Flight:
     on_close: Callable[[], None] | None = None  # e.g. free the request's admission slot
     queue_slot: bool = False  # holds a hold-queue slot on its worker until freed
     events_to_free: int = 0  # with free_at_last_token: SSE events after which the slot goes
+    breaker_trial: int | None = None  # the circuit breaker's trial slot this attempt holds
 
     def free_queue_slot(self) -> None:
         """Give the hold-queue slot back (once): at the first chunk or at the end."""
@@ -108,7 +110,9 @@ class Flight:
                 self.free_queue_slot()
 
     async def close(self, ok: bool, status: str, *, worker_fault: bool = False) -> None:
-        """Release, learn, record. ``worker_fault`` counts against the worker's breaker."""
+        """Release, learn, record. ``worker_fault`` counts against the worker's breaker; a
+        failure that is not the worker's (a 4xx, the client leaving) counts for nothing, but
+        frees the breaker's trial slot like every other outcome."""
         if self.closed:
             return
         self.closed = True
@@ -119,10 +123,8 @@ class Flight:
         scale = state.settings.time_scale  # emulated workers: learn in their time
         latency_ms = (time.perf_counter() - self.started) * 1000.0 * scale
         ttft_ms = (self.first_byte - self.started) * 1000.0 * scale if self.first_byte else None
-        if ok:
-            state.pool.record_request(decision.chosen, ok=True)
-        elif worker_fault:
-            state.pool.record_request(decision.chosen, ok=False, reason=status)
+        verdict: Verdict = "success" if ok else "failure" if worker_fault else "neutral"
+        state.pool.record_request(decision.chosen, verdict, trial=self.breaker_trial, reason=status)
         if self.reservation is not None:
             try:
                 await state.store.release(self.reservation)
@@ -131,14 +133,14 @@ class Flight:
         learned = state.router.complete(
             decision, Outcome(ok, latency_ms if ok else None, ttft_ms, status)
         )
-        outcome: dict[str, Any] = {
+        record: dict[str, Any] = {
             "status": status,
             "latency_ms": round(latency_ms, 3),
             "ttft_ms": round(ttft_ms, 3) if ttft_ms is not None else None,
             "residual_target_ms": learned.residual_target_ms if learned else None,
             "model_error_ms": learned.model_error_ms if learned else None,
         }
-        state.decisions.set_outcome(decision.decision_id, outcome)
+        state.decisions.set_outcome(decision.decision_id, record)
         metrics = state.metrics
         if metrics is not None:
             worker = decision.chosen

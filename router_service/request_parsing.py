@@ -9,6 +9,7 @@ else the prompt's characters; for chat, the JSON of ``messages`` (as SGLang's ro
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,41 @@ def load_json(raw: bytes) -> dict[str, Any]:
         raise ServiceError(400, "request body is nested too deeply", field="body") from None
     if not isinstance(body, dict):
         raise ServiceError(400, "request body must be a JSON object", field="body")
+    if _SURROGATE_ESCAPE.search(raw) is not None:
+        where = _lone_surrogate(body, "body")
+        if where is not None:
+            raise ServiceError(
+                400,
+                f"{where}: holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its "
+                "pair), which is not a Unicode character; send valid text",
+                field=where,
+            )
     return body
+
+
+# JSON's \uXXXX escapes for UTF-16 surrogates. A valid pair decodes to one character; a lone
+# one survives json.loads as a string no UTF-8 encoder (nor the worker) accepts.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(value: Any, where: str) -> str | None:
+    """The path of the first string (key or value) holding a lone surrogate, else None."""
+    stack = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return path
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                if _lone_surrogate(key, path) is not None:
+                    return path
+                stack.append((sub, f"{path}.{key}" if path != "body" else key))
+        elif isinstance(item, list):
+            stack.extend((sub, f"{path}[{i}]") for i, sub in enumerate(item))
+    return None
 
 
 def detect_kind(body: dict[str, Any]) -> str:

@@ -84,6 +84,8 @@ class Settings(BaseSettings):
     breaker_failures: int = Field(10, ge=1)
     breaker_successes: int = Field(3, ge=1)
     breaker_open_s: float = Field(10.0, gt=0)
+    # A half-open circuit's trial slot frees when its request ends, or after this long.
+    breaker_trial_timeout_s: float = Field(30.0, gt=0)
     max_in_flight: int = Field(0, ge=0)  # 0: no cap
     # The hold queue (router_service.dispatch): at most this many of this replica's requests
     # in flight per worker, the rest wait in the router (0: off, route at arrival).

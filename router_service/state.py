@@ -82,6 +82,8 @@ class ServiceState:
             workers[url] = {
                 "healthy": w.healthy,
                 "reason": w.reason,
+                "circuit": w.breaker.state,
+                "circuit_reason": w.breaker.reason(),
                 "queue_ms": self.last_queue_ms.get(url, 0.0),
                 "in_flight": self.router.in_flight.get(url, 0),
                 "index_units": self.router.index_units(url),

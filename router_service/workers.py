@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from router_service.breaker import BreakerSettings, CircuitBreaker
+from router_service.breaker import BreakerSettings, CircuitBreaker, Verdict
 from router_service.routing import WorkerStatus
 
 __all__ = ["WorkerPool", "WorkerState"]
@@ -91,23 +91,26 @@ class WorkerPool:
                 out.append(WorkerStatus(s.url, s.healthy, s.reason, queue_ms.get(s.url, 0.0)))
         return out
 
-    def on_send(self, url: str) -> None:
+    def on_send(self, url: str) -> int | None:
+        """A request goes to ``url``: its breaker's trial id, if it takes a trial slot."""
         state = self.workers.get(url)
-        if state is not None:
-            state.breaker.on_send()
+        return state.breaker.on_send() if state is not None else None
 
-    def record_request(self, url: str, *, ok: bool, reason: str = "") -> None:
-        """Passive outlier detection: the data plane reports each attempt's fate."""
+    def record_request(
+        self, url: str, outcome: Verdict, *, trial: int | None = None, reason: str = ""
+    ) -> None:
+        """Passive outlier detection: the data plane reports each attempt's fate, every
+        one of them (a trial slot is freed by whatever ends the attempt)."""
         state = self.workers.get(url)
         if state is None:
             return
-        if ok:
-            state.breaker.record_success()
-            return
         before = state.breaker.state
-        state.breaker.record_failure()
-        if state.breaker.state == "open" and before != "open":
+        state.breaker.record(trial, outcome)
+        after = state.breaker.state
+        if after == "open" and before != "open":
             log.warning("worker %s ejected (circuit open) after failures: %s", url, reason)
+        elif after == "closed" and before != "closed":
+            log.info("worker %s: circuit closed again", url)
 
     def healthy_urls(self) -> list[str]:
         return [s.url for s in self.workers.values() if s.healthy]

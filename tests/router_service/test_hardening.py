@@ -1,0 +1,191 @@
+"""Attacks on the router, replayed against real processes on loopback (issue 37's findings).
+
+Each test is one finding: the attack as it was reproduced, and what the router must do
+instead. ``RELIABILITY.md`` (*Security*) lists them with what was observed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from fake_worker import FakeWorker
+from router_harness import RouterServer, free_port, wait_until
+
+
+# -- real processes -------------------------------------------------------------------------
+@dataclass
+class Process:
+    """A ``python -m kvroute ...`` process, killed with its group at the end."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: str
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as fh:
+            return fh.read()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+def _up(url: str, path: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + path, timeout=1) as resp:
+            return bool(resp.status < 500)
+    except urllib.error.HTTPError:
+        return True  # it answers, with an error: it is up
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@pytest.fixture
+def spawn(tmp_path: Any) -> Iterator[Callable[..., Process]]:
+    """``spawn("serve", "--port", ...)``: a kvroute process; waits until it answers."""
+    started: list[Process] = []
+
+    def make(
+        *args: str, port: int, env: dict[str, str] | None = None, ready: str = "/health"
+    ) -> Process:
+        log_path = str(tmp_path / f"{args[0]}-{port}.log")
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("KVROUTE_")}
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "kvroute", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**clean, **(env or {})},
+                start_new_session=True,
+            )
+        process = Process(proc, f"http://127.0.0.1:{port}", log_path)
+        started.append(process)
+        alive = wait_until(lambda: proc.poll() is not None or _up(process.url, ready), 90, 0.1)
+        assert alive, process.log()
+        assert proc.poll() is None, process.log()
+        return process
+
+    yield make
+    for process in reversed(started):
+        process.stop()
+
+
+# -- F1: a permanent outage in 29 requests --------------------------------------------------
+SURROGATE = b'{"text":"\\ud800x","sampling_params":{"max_new_tokens":2}}'
+HUGE_OUTPUT = {"text": "zz", "sampling_params": {"max_new_tokens": 2147483647}}
+
+
+@pytest.mark.slow
+def test_f1_the_29_request_outage_replayed(spawn: Callable[..., Process]) -> None:
+    """The reported attack on ``kvroute serve`` in front of a real emulated worker: 22 lone
+    surrogates, the breaker's open window, 7 requests the worker refuses. Before the fix the
+    surrogates reached the worker (500s: its circuit opened) and the 4xx trials kept the
+    circuit half-open for good; every later request got 503 while /health said "ok"."""
+    wport, rport = free_port(), free_port()
+    worker = spawn("emulate", "--port", str(wport), "--time-scale", "10", port=wport)
+    router = spawn(
+        "serve", "--port", str(rport), "--worker-urls", worker.url,
+        port=rport,
+        env={"KVROUTE_BREAKER_OPEN_S": "0.5", "KVROUTE_HEALTH_INTERVAL_S": "60"},
+    )  # fmt: skip
+    with httpx.Client(base_url=router.url, timeout=30) as client:
+        for _ in range(22):
+            resp = client.post("/generate", content=SURROGATE)
+            assert resp.status_code == 400, resp.text
+            error = resp.json()["error"]
+            assert error["param"] == "text"
+            assert "surrogate" in error["message"]
+        health = client.get("/health").json()
+        assert health["status"] == "ok"
+        assert health["workers"][worker.url]["circuit"] == "closed"
+        for _ in range(7):
+            resp = client.post("/generate", json=HUGE_OUTPUT)
+            assert resp.status_code == 400, resp.text  # the worker's own refusal, relayed
+        for i in range(5):
+            resp = client.post("/generate", json={"text": f"hello {i}"})
+            assert resp.status_code == 200, resp.text
+        assert client.get("/health").json()["workers"][worker.url]["circuit"] == "closed"
+
+
+@pytest.mark.slow
+def test_f1_client_errors_during_half_open_never_lock_a_worker_out(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
+) -> None:
+    """The breaker half of F1: a worker's 500s open its circuit; once the window is over the
+    trial requests get 4xx answers (the client's fault). They must free their trial slots
+    and count for nothing, so later requests are trials too, and successes close it."""
+    worker = workers("w")
+    worker.fail_status = 500
+    router = routers(
+        worker_urls=[worker.url],
+        policy="round_robin",
+        breaker_failures=3,
+        breaker_successes=2,
+        breaker_open_s=0.3,
+        health_interval_s=60,
+    )
+    client = router.client
+    assert [client.post("/generate", json={"text": "x"}).status_code for _ in range(3)] == [500] * 3
+    health = client.get("/health")
+    assert health.status_code == 503  # no worker can take a request: /health says so
+    body = health.json()
+    assert body["status"] == "unavailable"
+    assert (body["healthy_workers"], body["routable_workers"]) == (1, 0)
+    assert body["workers"][worker.url]["circuit"] == "open"
+    assert "circuit open" in body["workers"][worker.url]["reason"]
+    assert client.post("/generate", json={"text": "x"}).status_code == 503
+
+    assert wait_until(lambda: client.get("/health").json()["routable_workers"] == 1, 5)
+    worker.fail_status = 400
+    statuses = [client.post("/generate", json={"text": "x"}).status_code for _ in range(10)]
+    assert statuses == [400] * 10  # every one reached the worker: no slot was lost
+    assert client.get("/health").json()["workers"][worker.url]["circuit"] == "half_open"
+    worker.fail_status = None
+    statuses = [client.post("/generate", json={"text": "x"}).status_code for _ in range(5)]
+    assert statuses == [200] * 5
+    health = client.get("/health").json()
+    assert health["status"] == "ok"
+    assert health["workers"][worker.url]["circuit"] == "closed"
+
+
+def test_lone_surrogates_are_refused_wherever_they_are_and_pairs_pass(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
+) -> None:
+    worker = workers("w")
+    router = routers(worker_urls=[worker.url])
+    bad = [
+        ("/generate", b'{"text": "ok \\uDFFF"}', "text"),
+        ("/v1/completions", b'{"prompt": ["fine", "\\ud83d"]}', "prompt[1]"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "a\\udc00b"}]}',
+            "messages[0].content",
+        ),
+        (
+            "/generate",
+            b'{"text": "x", "sampling_params": {"stop": ["\\ud800"]}}',
+            "sampling_params.stop[0]",
+        ),
+        ("/explain", b'{"text": "\\ud800"}', "text"),
+    ]  # fmt: skip
+    for path, raw, field in bad:
+        resp = router.client.post(path, content=raw)
+        assert resp.status_code == 400, (path, resp.text)
+        assert resp.json()["error"]["param"] == field
+    assert worker.served() == 0
+    pair = b'{"text": "smile \\ud83d\\ude00"}'  # a valid pair: one character
+    assert router.client.post("/generate", content=pair).status_code == 200
+    assert worker.received[-1].body["text"] == "smile \U0001f600"
