@@ -17,20 +17,26 @@ import platform
 import shlex
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DATA_DIR",
     "REPO_ROOT",
     "base_parser",
     "format_ratio",
     "metadata",
+    "parallel_map",
     "ratio",
     "write_json",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Public workload data (traces, datasets), read in place and never copied into the project;
+# absent in a fresh clone, where the benchmarks that need it skip those parts.
+DATA_DIR = REPO_ROOT.parent / "shared" / "data"
 
 
 def base_parser(name: str, description: str | None) -> argparse.ArgumentParser:
@@ -117,3 +123,32 @@ def check_gsp_fleet_args(parser: argparse.ArgumentParser, args: argparse.Namespa
     args.prompts = args.prompts or (8 if args.quick else 32)
     if min(args.groups, args.prompts, args.workers) < 1 or args.rate <= 0 or args.time_scale <= 0:
         parser.error("--groups, --prompts, --workers, --rate and --time-scale must be positive")
+
+
+def parallel_map(
+    function: Callable[[Any], Any],
+    jobs: Sequence[Any],
+    processes: int,
+    desc: str,
+    progress: bool = True,
+) -> list[Any]:
+    """``[function(job) for job in jobs]`` on a process pool, in the jobs' order, with a tqdm
+    bar on stderr (shown on a terminal unless ``progress`` is false). With ``processes`` <= 1
+    they run in this process, in order, which is easier to debug."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(jobs), desc=desc, file=sys.stderr, disable=None if progress else True)
+    try:
+        if processes <= 1:
+            results = []
+            for job in jobs:
+                results.append(function(job))
+                bar.update(1)
+            return results
+        with ProcessPoolExecutor(max_workers=processes) as pool:
+            futures = [pool.submit(function, job) for job in jobs]
+            for _ in as_completed(futures):
+                bar.update(1)
+            return [future.result() for future in futures]
+    finally:
+        bar.close()

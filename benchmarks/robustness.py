@@ -1,0 +1,714 @@
+"""Robustness matrix: routing policies across workloads and loads, in the simulator.
+
+A policy that wins on the paper's GSP setting may lose elsewhere. This matrix runs every
+policy x eviction on eight workloads at four loads, three seeds each, 4 workers of profile
+``llama3.1-8b-l40``, and gives each policy's latency over the best baseline's in every cell.
+
+**Workloads** (the request count of a workload is the same in every cell and in its
+bisection): GSP in random and in grouped order (128 groups x 24 prompts); multi-turn chat,
+200 clients with 2/4/6/8 turns whose user messages are the ShareGPT sample's 1,000 prompts
+(no prompt reused); long documents (synthetic ``longdoc``, 256 documents x 8 questions,
+random order: the LooGLE sample has 5 documents, too few for a fleet); the first 2,000
+requests of the Mooncake synthetic trace; the first 3,000 of the Azure 2023 code and
+conversation traces; and the cyclic worst case sized to the *fleet's* cache (the cycle is
+1.1x 4 workers' capacity, so a router that spreads it evenly leaves every worker a cycle
+1.1x its own cache: LRU's worst case on each), three passes. Data files are read from
+``../shared/data``; a workload whose file is missing is skipped and listed in the JSON.
+
+**Load.** Each workload has one knob that scales its arrival times: the Poisson rate
+(``--rate``) of the generated workloads, the replay speed (``--time-scale``) of the traces,
+whose offered rate is ``time_scale x requests / (last - first arrival)`` of the unscaled
+trace. A seed's requests at any rate are the same requests, only closer together. Loads are
+50%, 75%, 90% and 110% of the saturation rate of ``round_robin`` + ``lru`` on the same
+workload and seed (so a cell's seeds run at their own rates; the table gives the mean).
+
+**Saturation.** A run *keeps up* when its completed throughput, ``completed / (last
+completion - first arrival)``, is at least ``SUSTAINED`` (95%) of its offered rate,
+``served / (last arrival - first arrival)`` (requests the engine rejected as too large are
+in neither). An overloaded queue grows until the arrivals stop and then drains, so the ratio
+falls to about 1/load; a stable one ends one latency after the last arrival. The saturation
+rate is the highest offered rate at which ``round_robin`` + ``lru`` keeps up, found by
+bisection: from the workload's starting rate, double (or halve) until a rate keeps up and
+twice it does not, then bisect geometrically until ``hi / lo <= 1 + TOLERANCE`` (1%; 5% with
+``--quick``). The saturation is ``lo``, the highest probed rate that kept up; ``hi`` did not.
+Simulations are deterministic, so the result is a function of the workload and the seed.
+It is the saturation *of a run of this length*: a latency of 5% of the run's span at its
+end fails it, so it lies at or just below the rate where the queue starts to grow.
+
+**Multi-turn is closed-loop.** A turn is offered on a Poisson schedule but released only
+once the client's previous answer is back. Its load is the schedule's rate: the offered load
+of the other workloads. At most 200 turns (one per client) are in flight, so above
+saturation the loop holds turns back instead of queueing them: latency (counted from the
+release, the client's clock) stays bounded, and the shortfall shows as throughput below the
+offered rate and as ``client_delay_s``, the mean time a turn waited past its scheduled offer.
+
+**Policies**: ``round_robin``, ``power_of_two``, ``cache_aware`` (sglang-router's defaults,
+preset ``sglang``) and ``lbgr`` (defaults); ``--policies`` adds any entry of ``SPECS``, any
+registered policy by name, or ``LABEL=POLICY:KEY=VALUE,...`` (values parsed as JSON, else
+strings). The baselines are round_robin, power_of_two and cache_aware and always run. In a
+cell (workload, load, eviction) the *best baseline* of a metric is the baseline with the
+lowest mean over seeds; a policy's ratio is its mean over that baseline's mean, and the
+spread is the min-max over seeds of the same ratio seed by seed (same requests, same rate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _common import DATA_DIR, REPO_ROOT, base_parser, parallel_map, ratio, write_json
+
+from router_service.routing import make_policy, policy_names
+from sim.cluster import ClusterConfig, SimRun, simulate
+from sim.profiles import get_profile
+from sim.report import markdown_table, summarize
+from sim.workloads import (
+    CyclicConfig,
+    CyclicWorkload,
+    GSPConfig,
+    GSPWorkload,
+    LongDocConfig,
+    LongDocWorkload,
+    MultiTurnConfig,
+    MultiTurnWorkload,
+    Workload,
+    load_azure,
+    load_mooncake,
+)
+
+NAME = "robustness"
+PROFILE = "llama3.1-8b-l40"
+WORKERS = 4
+SEEDS = (0, 1, 2)
+LOADS = (0.5, 0.75, 0.9, 1.1)
+EVICTIONS = ("lru", "rlt")
+QUICK_SEEDS = (0,)
+QUICK_LOADS = (0.5, 1.1)
+SUSTAINED = 0.95  # completed throughput / offered rate at which a run keeps up
+TOLERANCE = 0.01  # bisection stops at hi / lo <= 1 + TOLERANCE
+QUICK_TOLERANCE = 0.05
+MAX_PROBES = 40
+FIGURE = REPO_ROOT / "docs" / "figures" / "robustness.png"
+
+
+# -- policies ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    """A routing configuration under a label: a registered policy and its parameters."""
+
+    label: str
+    policy: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "policy": self.policy, "params": dict(self.params)}
+
+
+def spec(label: str, policy: str, **params: Any) -> PolicySpec:
+    return PolicySpec(label, policy, tuple(sorted(params.items())))
+
+
+BASELINES = (
+    spec("round_robin", "round_robin"),
+    spec("power_of_two", "power_of_two"),
+    spec("cache_aware", "cache_aware", preset="sglang"),
+)
+SATURATION_POLICY = BASELINES[0]  # with lru
+# Configurations --policies knows by label; a new one is one line here.
+SPECS = {
+    s.label: s
+    for s in (
+        *BASELINES,
+        spec("lbgr", "lbgr"),
+        spec("lbgr_linear", "lbgr", model="linear"),
+        spec("cache_aware_paper", "cache_aware", preset="paper"),
+    )
+}
+POLICIES = ("round_robin", "power_of_two", "cache_aware", "lbgr")
+
+
+def parse_policy(text: str) -> PolicySpec:
+    """A label of ``SPECS``, a registered policy's name, or ``LABEL=POLICY:KEY=VALUE,...``;
+    checked by building the policy once, so a bad one fails before any simulation."""
+    if text in SPECS:
+        found = SPECS[text]
+    elif "=" in text:
+        label, _, rest = text.partition("=")
+        policy, _, pairs = rest.partition(":")
+        params = {}
+        for pair in filter(None, pairs.split(",")):
+            key, sep, value = pair.partition("=")
+            if not sep or not key:
+                raise ValueError(f"{text!r}: expected KEY=VALUE, got {pair!r}")
+            try:
+                params[key] = json.loads(value)
+            except json.JSONDecodeError:
+                params[key] = value
+        found = spec(label.strip(), policy.strip(), **params)
+    elif text in policy_names():
+        found = spec(text, text)
+    else:
+        known = sorted({*SPECS, *policy_names()})
+        raise ValueError(
+            f"unknown policy spec {text!r}; known: {', '.join(known)}, or LABEL=POLICY:K=V,..."
+        )
+    make_policy(found.policy, **dict(found.params))  # fails loudly, naming what is accepted
+    return found
+
+
+def policy_list(texts: Sequence[str]) -> list[PolicySpec]:
+    """The baselines first (every cell needs them), then the rest in the order given."""
+    specs = [parse_policy(t) for t in texts]
+    out = [*BASELINES, *(s for s in specs if s not in BASELINES)]
+    labels = [s.label for s in out]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"policy labels must be unique, got {labels}")
+    return out
+
+
+# -- workloads ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    key: str
+    title: str
+    kind: str  # gsp, multiturn, longdoc, trace, azure, cyclic
+    size: int  # groups' prompts, clients, documents, requests or cycles (see build)
+    quick_size: int
+    data: str | None = None  # file under the data directory
+    order: str = "random"
+    start_rps: float | None = None  # first bisection probe; None: the trace's own rate
+
+    @property
+    def knob(self) -> str:
+        return "time_scale" if self.kind in ("trace", "azure") else "rate"
+
+
+WORKLOADS = (
+    WorkloadSpec("gsp_random", "GSP, random order", "gsp", 24, 8, start_rps=12.0),
+    WorkloadSpec("gsp_grouped", "GSP, grouped order", "gsp", 24, 8, order="grouped", start_rps=12),
+    WorkloadSpec(
+        "multiturn",
+        "multi-turn, ShareGPT prompts",
+        "multiturn",
+        200,
+        64,
+        data="mlenergy_ShareGPT_V3_filtered_1000.json",
+        start_rps=8.0,
+    ),
+    WorkloadSpec("longdoc", "long documents (synthetic)", "longdoc", 256, 48, start_rps=8.0),
+    WorkloadSpec(
+        "mooncake", "Mooncake trace", "trace", 2000, 300, data="mooncake_synthetic_trace.jsonl"
+    ),
+    WorkloadSpec(
+        "azure_code", "Azure code", "azure", 3000, 500, "azure2023_AzureLLMInferenceTrace_code.csv"
+    ),
+    WorkloadSpec(
+        "azure_conv", "Azure conv", "azure", 3000, 500, "azure2023_AzureLLMInferenceTrace_conv.csv"
+    ),
+    WorkloadSpec("cyclic", "cyclic (LRU's worst case)", "cyclic", 3, 1, start_rps=16.0),
+)
+WORKLOAD_KEYS = tuple(w.key for w in WORKLOADS)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """What every simulation of a workload shares: its size, seed and data directory."""
+
+    workload: WorkloadSpec
+    seed: int
+    quick: bool
+    data_dir: str
+
+    @property
+    def size(self) -> int:
+        return self.workload.quick_size if self.quick else self.workload.size
+
+    @property
+    def path(self) -> str | None:
+        return None if self.workload.data is None else str(Path(self.data_dir) / self.workload.data)
+
+
+def build(setting: Setting, rate_rps: float) -> Workload:
+    """The setting's requests at an offered rate (the rate, or the trace's time scale)."""
+    w, n, seed = setting.workload, setting.size, setting.seed
+    if w.kind == "gsp":
+        groups = 32 if setting.quick else 128
+        config = GSPConfig(groups, n, order=w.order, rate=rate_rps, seed=seed)
+        return GSPWorkload(config)
+    if w.kind == "multiturn":
+        turns = MultiTurnConfig(n, rate=rate_rps, seed=seed, dataset=setting.path)
+        return MultiTurnWorkload(turns)
+    if w.kind == "longdoc":
+        return LongDocWorkload(LongDocConfig(n, order=w.order, rate=rate_rps, seed=seed))
+    if w.kind == "cyclic":
+        capacity = WORKERS * get_profile(PROFILE).kv_capacity_tokens
+        return CyclicWorkload(CyclicConfig(capacity, cycles=n, rate=rate_rps, seed=seed))
+    scale = rate_rps / native_rps(setting)
+    loader = load_mooncake if w.kind == "trace" else load_azure
+    return loader(str(setting.path), time_scale=scale, limit=n, seed=seed)
+
+
+@functools.cache
+def native_rps(setting: Setting) -> float:
+    """A trace's offered rate at time scale 1: requests over its arrival span."""
+    loader = load_mooncake if setting.workload.kind == "trace" else load_azure
+    trace = loader(str(setting.path), limit=setting.size, seed=setting.seed)
+    return len(trace) / (max(r.arrival_ms for r in trace) / 1000.0)
+
+
+# -- one simulation ----------------------------------------------------------------------------
+def keeping_up(run: SimRun, workload: Workload) -> dict[str, Any]:
+    """Offered rate, completed throughput, their ratio and the closed loop's hold-back."""
+    scheduled = {r.rid: r.arrival_ms for r in workload}
+    first, last = min(scheduled.values()), max(scheduled.values())
+    served = [r for r in run.records if not r.failed]
+    finished = [r.finished_ms for r in served if r.finished_ms is not None]
+    offered = len(served) / ((last - first) / 1000.0)
+    achieved = len(finished) / ((max(finished) - first) / 1000.0) if finished else 0.0
+    held = [r.arrival_ms - scheduled[r.rid] for r in run.records]
+    return {
+        "offered_rps": offered,
+        "completed_rps": achieved,
+        "kept_up_ratio": achieved / offered,
+        "kept_up": achieved >= SUSTAINED * offered,
+        "client_delay_s": statistics.fmean(held) / 1000.0,
+    }
+
+
+def run_one(workload: Workload, policy: PolicySpec, eviction: str, seed: int) -> dict[str, Any]:
+    config = ClusterConfig(
+        workers=WORKERS,
+        policy=policy.policy,
+        policy_params=dict(policy.params),
+        eviction=eviction,
+        profile=PROFILE,
+        seed=seed,
+    )
+    started = time.perf_counter()
+    run = simulate(config, workload)
+    summary = summarize(run)
+    keys = ("p50_latency_s", "p95_latency_s", "p50_ttft_s", "throughput_rps", "hit_rate")
+    return {
+        "policy": policy.label,
+        "eviction": eviction,
+        "seed": seed,
+        "requests": len(workload),
+        **{k: summary[k] for k in (*keys, "completed", "failed")},
+        **keeping_up(run, workload),
+        "wall_s": round(time.perf_counter() - started, 3),
+    }
+
+
+# -- saturation --------------------------------------------------------------------------------
+def find_saturation(setting: Setting) -> dict[str, Any]:
+    """Bisect the highest rate at which round_robin + lru keeps up (module docstring)."""
+    tolerance = QUICK_TOLERANCE if setting.quick else TOLERANCE
+    probes: list[dict[str, Any]] = []
+
+    def keeps_up(rate: float) -> bool:
+        if len(probes) >= MAX_PROBES:
+            raise RuntimeError(f"{setting.workload.key}: no saturation in {MAX_PROBES} probes")
+        row = run_one(build(setting, rate), SATURATION_POLICY, "lru", setting.seed)
+        probes.append({"rate_rps": rate, **row})
+        return bool(row["kept_up"])
+
+    start = setting.workload.start_rps or native_rps(setting)
+    if keeps_up(start):
+        lo = start
+        while keeps_up(2 * lo):
+            lo *= 2
+        hi = 2 * lo
+    else:
+        hi = start
+        while not keeps_up(hi / 2):
+            hi /= 2
+        lo = hi / 2
+    while hi > lo * (1 + tolerance):
+        mid = math.sqrt(lo * hi)
+        if keeps_up(mid):
+            lo = mid
+        else:
+            hi = mid
+    at = next(p for p in probes if p["rate_rps"] == lo)
+    knob = lo / native_rps(setting) if setting.workload.knob == "time_scale" else lo
+    return {
+        "workload": setting.workload.key,
+        "seed": setting.seed,
+        "saturation_rps": lo,
+        "bracket_rps": [lo, hi],
+        "tolerance": tolerance,
+        "knob": setting.workload.knob,
+        "knob_at_saturation": knob,
+        "completed_rps_at_saturation": at["completed_rps"],
+        "p50_latency_s_at_saturation": at["p50_latency_s"],
+        "probes": probes,
+    }
+
+
+# -- the matrix --------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Cell:
+    setting: Setting
+    load: float
+    rate_rps: float
+    policies: tuple[PolicySpec, ...]
+    evictions: tuple[str, ...]
+
+
+def run_cell(cell: Cell) -> list[dict[str, Any]]:
+    """Every policy x eviction on one workload, seed and load (the workload built once)."""
+    workload = build(cell.setting, cell.rate_rps)
+    rows = []
+    for eviction in cell.evictions:
+        for policy in cell.policies:
+            row = run_one(workload, policy, eviction, cell.setting.seed)
+            row.update(workload=cell.setting.workload.key, load=cell.load, rate_rps=cell.rate_rps)
+            rows.append(row)
+    return rows
+
+
+METRICS = ("p50_latency_s", "p95_latency_s", "p50_ttft_s", "throughput_rps", "hit_rate")
+RATIOS = {"p50": "p50_latency_s", "p95": "p95_latency_s", "ttft50": "p50_ttft_s"}
+
+
+def aggregate(
+    runs: Sequence[dict[str, Any]], labels: Sequence[str], baselines: Sequence[str]
+) -> list[dict[str, Any]]:
+    """One row per (workload, load, eviction, policy): means, min-max over seeds, and the
+    ratios to the best baseline (lowest mean of that metric among ``baselines``)."""
+    groups: dict[tuple[str, float, str], dict[tuple[str, int], dict[str, Any]]] = {}
+    for r in runs:
+        key = (r["workload"], r["load"], r["eviction"])
+        groups.setdefault(key, {})[(r["policy"], r["seed"])] = r
+    cells = []
+    for (workload, load, eviction), by in groups.items():
+        seeds = sorted({seed for _, seed in by})
+        mean = {
+            (label, m): statistics.fmean(by[(label, s)][m] for s in seeds)
+            for label in labels
+            for m in METRICS
+        }
+        best = {
+            short: min(baselines, key=lambda b, m=m: mean[(b, m)]) for short, m in RATIOS.items()
+        }
+        for label in labels:
+            mine = [by[(label, s)] for s in seeds]
+            cell: dict[str, Any] = {
+                "workload": workload,
+                "load": load,
+                "eviction": eviction,
+                "policy": label,
+                "seeds": seeds,
+                "rate_rps": statistics.fmean(r["rate_rps"] for r in mine),
+                "failed": sum(r["failed"] for r in mine),
+                "kept_up": all(r["kept_up"] for r in mine),
+                "client_delay_s": statistics.fmean(r["client_delay_s"] for r in mine),
+            }
+            for m in METRICS:
+                cell[m] = mean[(label, m)]
+                cell[f"{m}_min"] = min(r[m] for r in mine)
+                cell[f"{m}_max"] = max(r[m] for r in mine)
+            for short, m in RATIOS.items():
+                base = best[short]
+                per_seed = [ratio(by[(label, s)][m], by[(base, s)][m]) for s in seeds]
+                cell[f"{short}_best_baseline"] = base
+                cell[f"{short}_ratio"] = ratio(mean[(label, m)], mean[(base, m)])
+                cell[f"{short}_ratio_min"] = min(
+                    (x for x in per_seed if x is not None), default=None
+                )
+                cell[f"{short}_ratio_max"] = max(
+                    (x for x in per_seed if x is not None), default=None
+                )
+            cells.append(cell)
+    return cells
+
+
+# -- output ------------------------------------------------------------------------------------
+def saturation_rows(
+    saturation: Sequence[dict[str, Any]], workloads: Sequence[WorkloadSpec]
+) -> list[dict[str, Any]]:
+    """Per workload: the saturation rate of every seed, their mean, and what it means."""
+    rows = []
+    for w in workloads:
+        mine = [s for s in saturation if s["workload"] == w.key]
+        if not mine:
+            continue
+        rates = [s["saturation_rps"] for s in mine]
+        knobs = [s["knob_at_saturation"] for s in mine]
+        rows.append(
+            {
+                "workload": w.key,
+                "title": w.title,
+                "requests": mine[0]["probes"][0]["requests"],
+                "knob": w.knob,
+                "per_seed_rps": rates,
+                "per_seed_text": ", ".join(
+                    f"{s['saturation_rps']:.2f} (<{s['bracket_rps'][1]:.2f})" for s in mine
+                ),
+                "mean_rps": statistics.fmean(rates),
+                "mean_knob": statistics.fmean(knobs),
+                "completed_rps": statistics.fmean(s["completed_rps_at_saturation"] for s in mine),
+                "p50_latency_s": statistics.fmean(s["p50_latency_s_at_saturation"] for s in mine),
+                "probes": sum(len(s["probes"]) for s in mine),
+            }
+        )
+    return rows
+
+
+SATURATION_COLUMNS = (
+    ("workload", "workload", "{}"),
+    ("requests", "requests", "{}"),
+    ("knob", "knob", "{}"),
+    ("saturation per seed, req/s (first rate that did not keep up)", "per_seed_text", "{}"),
+    ("mean req/s", "mean_rps", "{:.2f}"),
+    ("mean knob", "mean_knob", "{:.3g}"),
+    ("completed req/s there", "completed_rps", "{:.2f}"),
+    ("rr+lru p50 there (s)", "p50_latency_s", "{:.2f}"),
+    ("probes", "probes", "{}"),
+)
+
+
+def spread_text(cell: dict[str, Any], short: str) -> str:
+    value, lo, hi = (cell[f"{short}_ratio{x}"] for x in ("", "_min", "_max"))
+    if value is None:
+        return "n/a"
+    if len(cell["seeds"]) == 1 or lo is None or hi is None:
+        return f"{value:.2f}x"
+    return f"{value:.2f}x ({lo:.2f}-{hi:.2f})"
+
+
+def ratio_rows(cells: Sequence[dict[str, Any]], labels: Sequence[str]) -> list[dict[str, Any]]:
+    """One line per (workload, load, eviction): each policy's p50 and p95 over the best
+    baseline's (mean over seeds, min-max over seeds)."""
+    lines: dict[tuple[str, float, str], dict[str, Any]] = {}
+    for c in cells:
+        key = (c["workload"], c["load"], c["eviction"])
+        line = lines.setdefault(
+            key,
+            {"workload": key[0], "load": f"{key[1]:.0%}", "eviction": key[2]},
+        )
+        if c["policy"] == c["p50_best_baseline"]:
+            line["best"] = f"{c['policy']} {c['p50_latency_s']:.2f} s"
+        if c["policy"] == c["p95_best_baseline"]:
+            line["best95"] = f"{c['policy']} {c['p95_latency_s']:.2f} s"
+        line[c["policy"]] = f"{spread_text(c, 'p50')} / {spread_text(c, 'p95')}"
+    return list(lines.values())
+
+
+def ratio_columns(labels: Sequence[str]) -> list[tuple[str, str, str]]:
+    return [
+        ("workload", "workload", "{}"),
+        ("load", "load", "{}"),
+        ("eviction", "eviction", "{}"),
+        ("best baseline p50", "best", "{}"),
+        ("best baseline p95", "best95", "{}"),
+        *((f"{label}: p50 / p95 vs best", label, "{}") for label in labels),
+    ]
+
+
+def heatmap(
+    cells: Sequence[dict[str, Any]],
+    rows: Sequence[tuple[str, float]],
+    columns: Sequence[tuple[str, str]],
+    path: Path,
+    title: str,
+) -> None:
+    """Rows workload x load, columns policy x eviction, colour log2 of the p50 ratio."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    grid = np.full((len(rows), len(columns)), np.nan)
+    for c in cells:
+        if c["p50_ratio"] is not None:
+            at = rows.index((c["workload"], c["load"])), columns.index((c["policy"], c["eviction"]))
+            grid[at] = c["p50_ratio"]
+    fig, ax = plt.subplots(figsize=(1.2 * len(columns) + 3.0, 0.3 * len(rows) + 2.0))
+    image = ax.imshow(np.log2(grid), cmap="RdYlGn_r", vmin=-2, vmax=2, aspect="auto")
+    for (i, j), value in np.ndenumerate(grid):
+        if not np.isnan(value):
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(columns)), [f"{p}\n{e}" for p, e in columns], fontsize=8)
+    ax.set_yticks(range(len(rows)), [f"{w} {load:.0%}" for w, load in rows], fontsize=8)
+    ax.xaxis.tick_top()
+    for i in range(1, len(rows)):
+        if rows[i][0] != rows[i - 1][0]:
+            ax.axhline(i - 0.5, color="k", lw=0.8)
+    for j in range(1, len(columns)):
+        if columns[j][1] != columns[j - 1][1]:
+            ax.axvline(j - 0.5, color="k", lw=1.5)
+    bar = fig.colorbar(image, ax=ax, shrink=0.6, ticks=[-2, -1, 0, 1, 2])
+    bar.ax.set_yticklabels(["<=0.25x", "0.5x", "1x", "2x", ">=4x"])
+    bar.set_label("p50 latency / best baseline's (mean over seeds)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+# -- command line ------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = base_parser(NAME, __doc__)
+    parser.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
+    parser.add_argument(
+        "--policies",
+        nargs="+",
+        default=list(POLICIES),
+        metavar="SPEC",
+        help=f"labels of SPECS ({', '.join(SPECS)}), registered policies, or "
+        "LABEL=POLICY:KEY=VALUE,... (the baselines always run)",
+    )
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOAD_KEYS, default=None)
+    parser.add_argument("--loads", type=float, nargs="+", default=None, help="of saturation")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None)
+    parser.add_argument("--evictions", nargs="+", choices=EVICTIONS, default=list(EVICTIONS))
+    parser.add_argument("--data", type=Path, default=DATA_DIR, help="workload data directory")
+    parser.add_argument(
+        "--figure",
+        type=Path,
+        default=None,
+        help=f"heatmap PNG (default {FIGURE}; --quick: next to --out)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    try:
+        args.policy_specs = tuple(policy_list(args.policies))
+    except ValueError as exc:
+        parser.error(f"--policies: {exc}")
+    args.seeds = tuple(args.seeds or (QUICK_SEEDS if args.quick else SEEDS))
+    args.loads = tuple(args.loads or (QUICK_LOADS if args.quick else LOADS))
+    if min(args.loads) <= 0 or args.jobs < 1:
+        parser.error("--loads must be > 0 and --jobs >= 1")
+    args.figure = args.figure or (args.out.with_suffix(".png") if args.quick else FIGURE)
+    chosen = [w for w in WORKLOADS if args.workloads is None or w.key in args.workloads]
+    args.available = [w for w in chosen if w.data is None or (args.data / w.data).is_file()]
+    args.skipped = [
+        {"workload": w.key, "reason": f"data file {args.data / str(w.data)} not found"}
+        for w in chosen
+        if w not in args.available
+    ]
+    if not args.available:
+        parser.error("no workload to run: " + "; ".join(s["reason"] for s in args.skipped))
+    return args
+
+
+@dataclass(slots=True)
+class Results:
+    saturation: list[dict[str, Any]]
+    runs: list[dict[str, Any]]
+    cells: list[dict[str, Any]]
+    wall_s: float
+    saturation_s: float
+
+
+def run_matrix(args: argparse.Namespace) -> Results:
+    """Bisect every (workload, seed), then run every cell at its loads."""
+    progress = not args.no_progress
+    started = time.perf_counter()
+    settings = [
+        Setting(w, s, args.quick, str(args.data)) for w in args.available for s in args.seeds
+    ]
+    saturation = parallel_map(find_saturation, settings, args.jobs, "saturation", progress)
+    saturation_s = time.perf_counter() - started
+    jobs = [
+        Cell(setting, load, load * sat["saturation_rps"], args.policy_specs, tuple(args.evictions))
+        for setting, sat in zip(settings, saturation, strict=True)
+        for load in args.loads
+    ]
+    jobs.sort(key=lambda c: -c.load)  # overloaded cells run longest: start them first
+    runs = [r for rows in parallel_map(run_cell, jobs, args.jobs, "cells", progress) for r in rows]
+    labels = [p.label for p in args.policy_specs]
+    cells = aggregate(runs, labels, [b.label for b in BASELINES])
+    order = {w.key: i for i, w in enumerate(WORKLOADS)}
+    cells.sort(
+        key=lambda c: (order[c["workload"]], c["load"], c["eviction"], labels.index(c["policy"]))
+    )
+    return Results(saturation, runs, cells, time.perf_counter() - started, saturation_s)
+
+
+def report(args: argparse.Namespace, results: Results) -> list[dict[str, Any]]:
+    """The markdown tables on stdout and the heatmap; returns the saturation summary."""
+    labels = [p.label for p in args.policy_specs]
+    sat_rows = saturation_rows(results.saturation, args.available)
+    seeds = ", ".join(map(str, args.seeds))
+    print(f"## Robustness matrix ({WORKERS} workers, {PROFILE}, simulated; seeds {seeds})\n")
+    print("### Saturation of round_robin + lru (highest rate keeping >= 95% throughput)\n")
+    print(markdown_table(sat_rows, SATURATION_COLUMNS) + "\n")
+    print("### p50 / p95 latency over the best baseline's, mean over seeds (min-max)\n")
+    print(markdown_table(ratio_rows(results.cells, labels), ratio_columns(labels)) + "\n")
+    for skip in args.skipped:
+        print(f"skipped {skip['workload']}: {skip['reason']}")
+    probes = sum(len(s["probes"]) for s in results.saturation)
+    print(
+        f"{len(results.runs)} simulations + {probes} bisection probes in "
+        f"{results.wall_s:.1f} s wall ({results.saturation_s:.1f} s bisecting, "
+        f"{args.jobs} processes)"
+    )
+    rows = [(w.key, load) for w in args.available for load in args.loads]
+    columns = [(label, e) for e in args.evictions for label in labels]
+    title = (
+        f"p50 latency / best baseline's (round_robin, power_of_two, cache_aware), {WORKERS} "
+        f"workers, {PROFILE}, seeds {seeds}\nload = fraction of round_robin+lru's saturation "
+        "rate; baselines compared with the same eviction"
+    )
+    heatmap(results.cells, rows, columns, args.figure, title)
+    return sat_rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    for skip in args.skipped:
+        print(f"skipping {skip['workload']}: {skip['reason']}", file=sys.stderr)
+    results = run_matrix(args)
+    sat_rows = report(args, results)
+    path = write_json(
+        args.out,
+        NAME,
+        {
+            "quick": args.quick,
+            "profile": PROFILE,
+            "workers": WORKERS,
+            "seeds": list(args.seeds),
+            "loads": list(args.loads),
+            "evictions": list(args.evictions),
+            "policies": [p.as_dict() for p in args.policy_specs],
+            "baselines": [b.label for b in BASELINES],
+            "saturation_rule": {
+                "policy": SATURATION_POLICY.label,
+                "eviction": "lru",
+                "sustained": SUSTAINED,
+                "tolerance": QUICK_TOLERANCE if args.quick else TOLERANCE,
+            },
+            "workloads": [
+                {"key": w.key, "title": w.title, "kind": w.kind, "knob": w.knob, "data": w.data}
+                for w in args.available
+            ],
+            "skipped": args.skipped,
+            "saturation_summary": sat_rows,
+            "saturation": results.saturation,
+            "cells": results.cells,
+            "runs": results.runs,
+            "figure": str(args.figure),
+            "wall_s": round(results.wall_s, 2),
+            "saturation_s": round(results.saturation_s, 2),
+        },
+    )
+    sys.stdout.flush()
+    print(f"figures written to {path} and {args.figure}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
