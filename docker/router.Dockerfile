@@ -28,7 +28,7 @@ COPY sim ./sim
 # Every runtime dependency ships as a manylinux wheel for CPython 3.11: no compiler needed
 # (kvroute's optional C loops for RLT eviction are skipped here; the router never evicts).
 # The source tree is removed after the install; the user owns only its home and the
-# model-snapshot directory (KVROUTE_MODEL_SNAPSHOT_PATH=/var/lib/kvroute/models.pkl).
+# model-snapshot directory (KVROUTE_MODEL_SNAPSHOT_PATH=/var/lib/kvroute/models.kvrm).
 RUN pip install --no-cache-dir . \
     && kvroute --version \
     && rm -rf /opt/kvroute/src \

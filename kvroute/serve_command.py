@@ -48,7 +48,19 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--cluster", default=None, help="namespace of shared state in Redis")
     p.add_argument("--admin-token", default=None, help="bearer token for the control plane")
     p.add_argument("--replica-id", default=None, help="this replica's name in metrics/explain")
-    p.add_argument("--model-snapshot-path", default=None, help="save/load models here")
+    p.add_argument(
+        "--model-snapshot-path",
+        default=None,
+        help="save/load models here (needs a snapshot key: KVROUTE_MODEL_SNAPSHOT_KEY or "
+        "--model-snapshot-key-file)",
+    )
+    p.add_argument(
+        "--model-snapshot-key-file",
+        default=None,
+        metavar="PATH",
+        help="a file holding the secret that signs model snapshots (at least 16 bytes; not the "
+        "admin token); without a key no snapshot is read or written",
+    )
     p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
     p.add_argument(
         "--queue-slots",
@@ -107,6 +119,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             admin_token=args.admin_token,
             replica_id=args.replica_id,
             model_snapshot_path=args.model_snapshot_path,
+            model_snapshot_key_file=args.model_snapshot_key_file,
             time_scale=args.time_scale,
             log_level=args.log_level,
             queue_slots=args.queue_slots,

@@ -18,7 +18,9 @@ class ResidualModel(Protocol):
     A model may set ``uses_features = False`` when it ignores ``x`` (a mean of the residual);
     callers then skip building feature dicts on the hot path. A model may also offer
     ``learned() -> dict[str, float]``, a few numbers an operator can read (``ewmean``: the
-    residual in ms; ``ratio``: the latency factor); ``ModelBank.status`` reports them.
+    residual in ms; ``ratio``: the latency factor); ``ModelBank.status`` reports them. A
+    model whose learned state is a few numbers offers ``state() -> dict[str, float]`` and
+    ``load_state(state)``: snapshots then store those numbers instead of a pickle.
     """
 
     def predict_one(self, x: Features) -> float: ...

@@ -24,6 +24,12 @@ class ZeroResidual(base.Regressor):
     def predict_one(self, x: Features) -> float:
         return 0.0
 
+    def state(self) -> dict[str, float]:
+        return {}
+
+    def load_state(self, state: dict[str, float]) -> None:
+        pass
+
 
 def register_builtins() -> None:
     register_model("ewmean", EWMeanResidual)

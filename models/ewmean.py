@@ -9,6 +9,8 @@ almost whole, then the gain settles at 1 - forgetting (0.05).
 
 from __future__ import annotations
 
+import math
+
 from river import base
 
 from models.base import Features
@@ -49,3 +51,13 @@ class EWMeanResidual(base.Regressor):
     def learned(self) -> dict[str, float]:
         """What the model holds, for operators (``/models``, metrics)."""
         return {"residual_ms": self._theta}
+
+    def state(self) -> dict[str, float]:
+        """The learned state as plain numbers (model snapshots store these, not a pickle)."""
+        return {"theta": self._theta, "p": self._p}
+
+    def load_state(self, state: dict[str, float]) -> None:
+        theta, p = float(state["theta"]), float(state["p"])
+        if not (math.isfinite(theta) and math.isfinite(p) and p > 0.0):
+            raise ValueError(f"ewmean state must be finite with p > 0, got {state}")
+        self._theta, self._p = theta, p

@@ -82,3 +82,10 @@ class RatioResidual(base.Regressor):
     def learned(self) -> dict[str, float]:
         """What the model holds, for operators: "worker X runs at 2.1x the estimate"."""
         return {"factor": self.factor}
+
+    def state(self) -> dict[str, float]:
+        """The learned state as plain numbers (model snapshots store these, not a pickle)."""
+        return self._log_mean.state()
+
+    def load_state(self, state: dict[str, float]) -> None:
+        self._log_mean.load_state(state)

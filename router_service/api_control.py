@@ -223,7 +223,11 @@ async def get_models(request: Request) -> JSONResponse:
     state = _state(request)
     slot = state.router.policy.models
     return JSONResponse(
-        {"policy": state.router.policy.name, "models": slot.status() if slot is not None else None}
+        {
+            "policy": state.router.policy.name,
+            "models": slot.status() if slot is not None else None,
+            "snapshots": state.snapshots.status(),
+        }
     )
 
 

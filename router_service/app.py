@@ -114,13 +114,12 @@ def _build_state(settings: Settings) -> ServiceState:
         redis = aioredis.Redis.from_url(
             settings.redis_url, socket_timeout=5.0, socket_connect_timeout=1.0
         )
-    token = settings.admin_token
     state.snapshots = ModelSnapshots(
         settings.model_snapshot_path,
         redis,
         settings.cluster,
         state.replica_id,
-        token.get_secret_value().encode() if token else None,
+        settings.snapshot_key(),
     )
     if shared and redis is not None:
         state.index_sync = IndexSync(
@@ -201,6 +200,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         tasks.append(asyncio.create_task(_every(0.25, state.queue.pump), name="queue"))
     if state.index_sync is not None:
         state.index_sync.start()
+    if state.snapshots.client is not None and state.snapshots.key is None:
+        log.warning(
+            "model snapshots are OFF: learned models are not shared through Redis nor kept "
+            "across restarts, because no key signs them; set KVROUTE_MODEL_SNAPSHOT_KEY (the "
+            "same secret on every replica, not the admin token) to turn them on"
+        )
     if state.snapshots.enabled:
         tasks.append(
             asyncio.create_task(

@@ -17,6 +17,8 @@ import yaml
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from models.persistence import MIN_KEY_BYTES
+
 __all__ = ["Settings", "SettingsError", "load_settings", "normalize_worker_url"]
 
 
@@ -103,6 +105,10 @@ class Settings(BaseSettings):
     explain_buffer: int = Field(10_000, ge=1)
     model_snapshot_path: Path | None = None
     model_snapshot_interval_s: float = Field(60.0, gt=0)
+    # Signs model snapshots (a file, and Redis); a dedicated secret, not the admin token.
+    # Without it no snapshot is read or written: a path given without a key is refused.
+    model_snapshot_key: SecretStr | None = None
+    model_snapshot_key_file: Path | None = None
     # For emulated workers running X times faster than real time: the router's load decay
     # and the latencies it learns from run on the same emulated clock (embedded store only).
     time_scale: float = Field(1.0, gt=0)
@@ -183,6 +189,43 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _check_snapshot_key(self) -> Settings:
+        if self.model_snapshot_key is not None and self.model_snapshot_key_file is not None:
+            raise ValueError("give model_snapshot_key or model_snapshot_key_file, not both")
+        key = self.snapshot_key()
+        if key is None:
+            if self.model_snapshot_path is not None:
+                raise ValueError(
+                    "model_snapshot_path needs a key to sign and verify snapshots: set "
+                    "KVROUTE_MODEL_SNAPSHOT_KEY (or --model-snapshot-key-file) to a secret of "
+                    f"at least {MIN_KEY_BYTES} bytes, e.g. the output of "
+                    "`python3 -c 'import secrets; print(secrets.token_hex(32))'`"
+                )
+            return self
+        if len(key) < MIN_KEY_BYTES:
+            raise ValueError(f"the model snapshot key must be at least {MIN_KEY_BYTES} bytes")
+        token = self.admin_token
+        if token is not None and key == token.get_secret_value().encode():
+            raise ValueError(
+                "the model snapshot key must not be the admin token: give each its own secret"
+            )
+        return self
+
+    def snapshot_key(self) -> bytes | None:
+        """The model snapshot key's bytes (from the setting or its file), else None."""
+        if self.model_snapshot_key is not None:
+            return self.model_snapshot_key.get_secret_value().encode()
+        if self.model_snapshot_key_file is not None:
+            try:
+                return self.model_snapshot_key_file.read_bytes().strip()
+            except OSError as exc:
+                raise ValueError(
+                    f"cannot read model_snapshot_key_file {self.model_snapshot_key_file}: "
+                    f"{exc.strerror}"
+                ) from None
+        return None
+
+    @model_validator(mode="after")
     def _check_time_scale(self) -> Settings:
         if self.time_scale != 1.0 and self.redis_url:
             raise ValueError(
@@ -195,6 +238,7 @@ class Settings(BaseSettings):
         """Settings as shown to operators: secrets and Redis passwords masked."""
         data = self.model_dump(mode="json")
         data["admin_token"] = "***" if self.admin_token else None
+        data["model_snapshot_key"] = "***" if self.model_snapshot_key else None
         if self.redis_url:
             parts = urlsplit(self.redis_url)
             data["redis_url"] = self.redis_url.replace(parts.password or "\0", "***")

@@ -25,6 +25,7 @@ GPU_ENV = DOCKER / "gpu.env"
 ROUTER_DOCKERFILE = DOCKER / "router.Dockerfile"
 WORKER_DOCKERFILE = DOCKER / "worker.Dockerfile"
 TOKEN = "compose-test-token"
+SNAPSHOT_KEY = "compose-test-snapshot-key-0123456789"
 PROFILES = (None, "gpu", "emulated")
 ALWAYS = {"redis", "router-1", "router-2", "balancer", "prometheus", "grafana"}
 GPU_WORKERS = {f"sglang-worker-{i}" for i in range(1, 5)}
@@ -84,7 +85,9 @@ def run_config(
 
 def rendered(profile: str | None = None, env_file: Path | None = None) -> dict[str, Any]:
     """The compose file as docker-compose resolves it (anchors merged, variables set)."""
-    done = run_config(profile, env_file, KVROUTE_ADMIN_TOKEN=TOKEN)
+    done = run_config(
+        profile, env_file, KVROUTE_ADMIN_TOKEN=TOKEN, KVROUTE_MODEL_SNAPSHOT_KEY=SNAPSHOT_KEY
+    )
     assert done.returncode == 0, done.stderr
     config: dict[str, Any] = yaml.safe_load(done.stdout)
     return config

@@ -20,6 +20,7 @@ from compose_support import (
     GPU_WORKERS,
     PROFILES,
     ROUTER_DOCKERFILE,
+    SNAPSHOT_KEY,
     TOKEN,
     active_services,
     dockerfile_instructions,
@@ -56,10 +57,13 @@ def test_config_is_valid_and_starts_the_profiles_services(
         assert set(depends) <= services, (name, depends)
 
 
-def test_the_admin_token_is_required() -> None:
-    done = run_config()
+def test_the_admin_token_and_the_snapshot_key_are_required() -> None:
+    done = run_config(KVROUTE_MODEL_SNAPSHOT_KEY=SNAPSHOT_KEY)
     assert done.returncode != 0
     assert "KVROUTE_ADMIN_TOKEN" in done.stderr
+    done = run_config(KVROUTE_ADMIN_TOKEN=TOKEN)
+    assert done.returncode != 0
+    assert "KVROUTE_MODEL_SNAPSHOT_KEY" in done.stderr
 
 
 def test_routers_default_to_the_emulated_workers(
@@ -123,6 +127,7 @@ def test_router_environment_is_accepted_by_the_settings_model(
     for url in settings.worker_urls:  # the allow-list lets POST /workers re-add any of them
         assert settings.worker_allowed(url)
     assert settings.model_snapshot_path is not None
+    assert settings.snapshot_key() == SNAPSHOT_KEY.encode()
     assert not settings.log_prompts
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from fake_worker import FakeWorker
 from router_harness import RouterServer, free_port, wait_until
 
@@ -189,3 +191,126 @@ def test_lone_surrogates_are_refused_wherever_they_are_and_pairs_pass(
     pair = b'{"text": "smile \\ud83d\\ude00"}'  # a valid pair: one character
     assert router.client.post("/generate", content=pair).status_code == 200
     assert worker.received[-1].body["text"] == "smile \U0001f600"
+
+
+# -- F2: code execution from a planted model snapshot ---------------------------------------
+SNAPSHOT_KEY = "hardening-snapshot-key-0123456789"
+
+
+class _Plant:
+    """What an attacker writes where a snapshot is read: a pickle that runs a command."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _planted(marker: Any) -> bytes:
+    return b"KVRM1" + b"\0" * 32 + pickle.dumps(_Plant(str(marker)))
+
+
+def _models(process: Process) -> dict[str, Any]:
+    with httpx.Client(base_url=process.url, timeout=10) as client:
+        body: dict[str, Any] = client.get("/models").json()
+        return body
+
+
+@pytest.mark.slow
+def test_f2_a_pickle_planted_in_redis_never_runs(
+    spawn: Callable[..., Process], redis_server: Any, cluster_name: str, tmp_path: Any
+) -> None:
+    marker = tmp_path / "pwned"
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        client.set(f"kvroute:{cluster_name}:models:latest", _planted(marker))
+    finally:
+        client.close()
+    worker = FakeWorker("w").start()
+    try:
+        common = ["serve", "--worker-urls", worker.url, "--redis-url", redis_server.url]
+        common += ["--cluster", cluster_name]
+        # No key: snapshots are off, loudly, and nothing is read.
+        port = free_port()
+        router = spawn(*common, "--port", str(port), port=port)
+        snapshots = _models(router)["snapshots"]
+        assert (snapshots["enabled"], snapshots["loaded_from"]) == (False, None)
+        assert "model snapshots are OFF" in router.log()
+        assert "KVROUTE_MODEL_SNAPSHOT_KEY" in router.log()
+        # With a key: the planted pickle is refused before anything is unpickled.
+        port = free_port()
+        keyed = spawn(
+            *common, "--port", str(port), port=port,
+            env={"KVROUTE_MODEL_SNAPSHOT_KEY": SNAPSHOT_KEY},
+        )  # fmt: skip
+        snapshots = _models(keyed)["snapshots"]
+        assert (snapshots["enabled"], snapshots["refused"]) == (True, 1)
+        assert snapshots["loaded_from"] is None
+        assert "old pickle format" in keyed.log()
+        with httpx.Client(base_url=keyed.url, timeout=10) as http:
+            assert http.post("/generate", json={"text": "still serving"}).status_code == 200
+    finally:
+        worker.stop()
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_f2_a_snapshot_file_needs_a_key_and_a_planted_one_never_runs(
+    spawn: Callable[..., Process], tmp_path: Any
+) -> None:
+    marker, path = tmp_path / "pwned", tmp_path / "models.kvrm"
+    path.write_bytes(_planted(marker))
+    worker = FakeWorker("w").start()
+    try:
+        args = ["serve", "--worker-urls", worker.url, "--model-snapshot-path", str(path)]
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("KVROUTE_")}
+        refused = subprocess.run(
+            [sys.executable, "-m", "kvroute", *args, "--port", str(free_port())],
+            env=clean,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert refused.returncode == 2, refused.stderr
+        assert "model_snapshot_path needs a key" in refused.stderr
+        assert "KVROUTE_MODEL_SNAPSHOT_KEY" in refused.stderr
+        assert "Traceback" not in refused.stderr
+
+        key_file = tmp_path / "snapshot.key"
+        key_file.write_text(SNAPSHOT_KEY + "\n")
+        port = free_port()
+        keyed = [*args, "--model-snapshot-key-file", str(key_file), "--port", str(port)]
+        router = spawn(*keyed, port=port)
+        snapshots = _models(router)["snapshots"]
+        assert (snapshots["refused"], snapshots["loaded_from"]) == (1, None)
+        with httpx.Client(base_url=router.url, timeout=10) as http:
+            for i in range(3):
+                assert http.post("/generate", json={"text": f"learn {i}"}).status_code == 200
+        router.proc.send_signal(signal.SIGTERM)  # a clean stop writes a signed snapshot
+        # uvicorn re-raises the signal once it has shut down: the exit status says SIGTERM.
+        assert router.proc.wait(30) in (0, -signal.SIGTERM)
+        assert path.read_bytes().startswith(b"KVRM2\n")
+        port = free_port()
+        again = spawn(*keyed[:-1], str(port), port=port)
+        answer = _models(again)
+        assert answer["snapshots"]["loaded_from"] == str(path)
+        assert answer["models"]["champion"]["samples"] == 3
+    finally:
+        worker.stop()
+    assert not marker.exists()
+
+
+def test_the_snapshot_key_must_be_long_and_not_the_admin_token() -> None:
+    from router_harness import service_settings
+
+    from router_service.settings import Settings
+
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        service_settings(model_snapshot_key="short")
+    with pytest.raises(ValueError, match="must not be the admin token"):
+        service_settings(admin_token=SNAPSHOT_KEY, model_snapshot_key=SNAPSHOT_KEY)
+    settings: Settings = service_settings(model_snapshot_key=SNAPSHOT_KEY)
+    assert settings.snapshot_key() == SNAPSHOT_KEY.encode()
+    assert SNAPSHOT_KEY not in str(settings.redacted())

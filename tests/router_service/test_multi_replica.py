@@ -34,6 +34,7 @@ SYNC_WAIT_S = 2.0  # the bounded lag the index sync must keep on loopback
 BLOCK = 16  # Settings.index_block_units' default: matches are whole blocks of 16 units
 
 Replicas = Callable[..., list[RouterServer]]
+SNAPSHOT_KEY = "multi-replica-snapshot-key"
 
 
 def _prompt(tag: str, length: int = 320) -> str:
@@ -457,7 +458,13 @@ def test_new_replica_warm_starts_index_from_the_stream_and_models_from_redis(
     cluster_name: str,
 ) -> None:
     urls = [w.url for w in two_workers]
-    (a,) = replicas(1, redis_server.url, worker_urls=urls, model_snapshot_interval_s=0.2)
+    (a,) = replicas(
+        1,
+        redis_server.url,
+        worker_urls=urls,
+        model_snapshot_interval_s=0.2,
+        model_snapshot_key=SNAPSHOT_KEY,
+    )
     routed = {}
     for i in range(12):
         prompt = _prompt(f"warm{i}")
@@ -470,9 +477,15 @@ def test_new_replica_warm_starts_index_from_the_stream_and_models_from_redis(
     assert redis_client.exists(f"kvroute:{cluster_name}:models:a") == 1
 
     late = routers(
-        worker_urls=urls, redis_url=redis_server.url, cluster=cluster_name, replica_id="late"
+        worker_urls=urls,
+        redis_url=redis_server.url,
+        cluster=cluster_name,
+        replica_id="late",
+        model_snapshot_key=SNAPSHOT_KEY,
     )
-    models = late.client.get("/models").json()["models"]
+    answer = late.client.get("/models").json()
+    assert answer["snapshots"]["loaded_from"] == key
+    models = answer["models"]
     assert models["champion"]["samples"] == 12  # learned elsewhere, loaded at start
     assert models["version"] == a.client.get("/models").json()["models"]["version"]
     # The index replays the stream's history: everything a routed is known from the start.
@@ -495,7 +508,7 @@ def _snapshot_samples(client: redis.Redis, key: str) -> int | None:
     data = client.get(key)
     if not data:
         return None
-    samples: int = loads(data, None).status()["champion"]["samples"]
+    samples: int = loads(data, SNAPSHOT_KEY.encode()).status()["champion"]["samples"]
     return samples
 
 
