@@ -49,28 +49,55 @@ strings). The baselines are round_robin, power_of_two and cache_aware and always
 cell (workload, load, eviction) the *best baseline* of a metric is the baseline with the
 lowest mean over seeds; a policy's ratio is its mean over that baseline's mean, and the
 spread is the min-max over seeds of the same ratio seed by seed (same requests, same rate).
+
+**No-wait floor.** Per workload and seed, a lower bound of every request's latency that no
+router, eviction policy or load can beat: the request alone on an idle worker, its prompt
+cached as far as any request that may run before it left it in a cache (unlimited capacity,
+perfect affinity). A worker admits its requests first come, first served in the order they
+arrive (no hold queue here), so in an open-loop workload that is the requests earlier in
+arrival order; a closed loop can reorder releases, so there it is every request but the
+request's own later turns. Its latency is then ``request_overhead_ms`` + prefill of the
+uncached part (one step per chunk; SGLang recomputes the last token of a fully cached
+prompt) + one batch-1 decode step per further output token (``latency_floor_ms``). Every
+served request's latency is at least its floor, so the k-th smallest latency is at least
+the k-th smallest floor, and the p50 (any percentile: it interpolates between two adjacent
+order statistics) of the latencies is at least the p50 of the floors over the same
+requests; the means over seeds keep the order. Requests too large for a worker are served
+by no router and left out of both.
+
+**Targets** of the new default routing configuration (``--candidate``, default ``lbgr``),
+each checked on the cells' means over seeds, every check a row in the JSON's ``targets``:
+(A) at loads 50/75/90%, p50 and p95 at most 1.05x the best baseline's, every workload and
+eviction; (B) at 75/90% on the prefix-sharing workloads, p50 at most 1/1.3 of cache_aware +
+lru's on the same workload and load, each eviction (a cell whose floor p50 is already above
+that is *infeasible*); (C) at 110%, throughput at least 95% of the best baseline's and p50
+no worse than round_robin's (same eviction). A missing cell, a missing value or a zero
+reference is a check not met, with its reason.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import functools
 import json
 import math
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from _common import DATA_DIR, REPO_ROOT, base_parser, parallel_map, ratio, write_json
 
+from engine_ext.cache.keys import common_prefix_length
 from router_service.routing import make_policy, policy_names
 from sim.cluster import ClusterConfig, SimRun, simulate
-from sim.profiles import get_profile
-from sim.report import markdown_table, summarize
+from sim.engine import generated_tokens
+from sim.profiles import ServiceProfile, get_profile
+from sim.report import markdown_table, percentile_s, summarize
 from sim.workloads import (
     CyclicConfig,
     CyclicWorkload,
@@ -81,6 +108,7 @@ from sim.workloads import (
     MultiTurnConfig,
     MultiTurnWorkload,
     Workload,
+    WorkloadRequest,
     load_azure,
     load_mooncake,
 )
@@ -354,6 +382,114 @@ def find_saturation(setting: Setting) -> dict[str, Any]:
     }
 
 
+# -- the no-wait floor -------------------------------------------------------------------------
+def latency_floor_ms(
+    profile: ServiceProfile, prompt_tokens: int, cached_tokens: int, output_tokens: int
+) -> float:
+    """The latency of a request alone on an idle worker with ``cached_tokens`` of its prompt
+    in the cache: a lower bound of its latency in any run where at most that much is cached.
+
+    Prefill: at least one step per ``chunked_prefill_tokens`` new tokens. A step costs at
+    least its own chunk's time (others in the batch only add), the chunks' compute adds up to
+    the one-chunk formula's (the attention term counts the same token pairs), so the steps
+    cost at least ``prefill_ms`` of one chunk plus a ``step_overhead_ms`` per further step.
+    More cached tokens never cost more (``a + c x (prompt - new) >= 0``: the compute grows
+    with the new tokens), so an upper bound of the cached part gives a lower bound.
+    Decode: the first token comes out of the prefill, then one step per further token; a
+    step costs at least its batch-1 time with the request's own context.
+
+    >>> p = get_profile(PROFILE)
+    >>> latency_floor_ms(p, 100, 0, 1) == p.request_overhead_ms + p.prefill_ms([(100, 0)])
+    True
+    """
+    cached = min(cached_tokens, prompt_tokens - 1)  # SGLang recomputes the last token
+    new = prompt_tokens - cached
+    chunks = -(-new // profile.chunked_prefill_tokens)
+    prefill = profile.prefill_ms([(new, cached)]) + (chunks - 1) * profile.step_overhead_ms
+    decode = sum(profile.decode_ms(prompt_tokens + k, 1) for k in range(1, output_tokens))
+    return profile.request_overhead_ms + prefill + decode
+
+
+def shared_prefix_tokens(workload: Workload) -> list[int]:
+    """Per request (workload order): the longest prefix of its prompt that a request which
+    may run before it leaves in a cache (its prompt + all but the last output token, as the
+    engine inserts it), at most the prompt less one token. Open loop: the requests earlier
+    in arrival order (a worker admits in that order); closed loop (any ``after``): every
+    request but itself and the turns that wait for it."""
+    items = list(workload)
+    paths = [r.prompt + generated_tokens(r.output, r.max_new_tokens - 1) for r in items]
+    shared = [0] * len(items)
+    if any(r.after is not None for r in items):
+        order = sorted(range(len(items)), key=paths.__getitem__)
+        keys = [paths[i] for i in order]
+        position = {i: at for at, i in enumerate(order)}
+        for i, skip in enumerate(_waiting_on(items)):
+            found = _longest_prefix(keys, items[i].prompt, {position[j] for j in skip})
+            shared[i] = min(found, len(items[i].prompt) - 1)
+        return shared
+    seen: list[str] = []  # sorted: the paths of the requests so far
+    for i in sorted(range(len(items)), key=lambda i: items[i].arrival_ms):  # stable on ties
+        shared[i] = min(_longest_prefix(seen, items[i].prompt), len(items[i].prompt) - 1)
+        bisect.insort(seen, paths[i])
+    return shared
+
+
+def _longest_prefix(keys: Sequence[str], query: str, skip: set[int] | None = None) -> int:
+    """The longest common prefix of ``query`` with any of the sorted ``keys`` but the
+    positions in ``skip``: it is reached at the nearest key on either side of ``query``."""
+    at = bisect.bisect_left(keys, query)
+    best = 0
+    for j, step in ((at - 1, -1), (at, 1)):
+        while skip and j in skip:
+            j += step
+        if 0 <= j < len(keys):
+            best = max(best, common_prefix_length(query, keys[j]))
+    return best
+
+
+def _waiting_on(items: Sequence[WorkloadRequest]) -> list[set[int]]:
+    """Per request: itself and every request that waits for it, directly or not."""
+    index = {r.rid: i for i, r in enumerate(items)}
+    closure = [{i} for i in range(len(items))]
+    for i in reversed(range(len(items))):  # a request names one that comes earlier
+        after = items[i].after
+        if after is not None:
+            closure[index[after]] |= closure[i]
+    return closure
+
+
+def no_wait_floor(setting: Setting) -> dict[str, Any]:
+    """The p50 and p95 over the setting's requests of ``latency_floor_ms``, each with its
+    ``shared_prefix_tokens`` cached (the requests are the same at any rate)."""
+    profile = get_profile(PROFILE)
+    workload = build(setting, setting.workload.start_rps or native_rps(setting))
+    floors_ms, prompt, cached = [], 0, 0
+    for r, shared in zip(workload, shared_prefix_tokens(workload), strict=True):
+        if len(r.prompt) + r.max_new_tokens > profile.kv_capacity_tokens:
+            continue  # rejected by every worker: in no run's latencies
+        floors_ms.append(latency_floor_ms(profile, len(r.prompt), shared, r.max_new_tokens))
+        prompt += len(r.prompt)
+        cached += shared
+    return {
+        "workload": setting.workload.key,
+        "seed": setting.seed,
+        "requests": len(floors_ms),
+        "too_large": len(workload) - len(floors_ms),
+        "p50_floor_s": percentile_s(floors_ms, 50),
+        "p95_floor_s": percentile_s(floors_ms, 95),
+        "cached_fraction": cached / prompt if prompt else 0.0,
+    }
+
+
+def floor_means(floors: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per workload: the mean over seeds of the floor's p50, as the cells average theirs."""
+    by: dict[str, list[float]] = {}
+    for f in floors:
+        if f["p50_floor_s"] is not None:
+            by.setdefault(f["workload"], []).append(f["p50_floor_s"])
+    return {workload: statistics.fmean(values) for workload, values in by.items()}
+
+
 # -- the matrix --------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Cell:
@@ -432,11 +568,182 @@ def aggregate(
     return cells
 
 
+# -- targets -----------------------------------------------------------------------------------
+CANDIDATE = "lbgr"
+PREFIX_SHARING = ("gsp_random", "gsp_grouped", "multiturn", "longdoc", "mooncake")
+A_LOADS, A_SLACK = (0.5, 0.75, 0.9), 1.05  # p50 and p95 <= 1.05x the best baseline's
+B_LOADS, B_SPEEDUP = (0.75, 0.9), 1.3  # p50 <= cache_aware + lru's / 1.3
+C_LOAD, C_THROUGHPUT = 1.1, 0.95  # throughput >= 0.95x the best baseline's; p50 <= rr's
+TARGETS = {
+    "A": f"p50 and p95 <= {A_SLACK}x the best baseline's at loads 50/75/90%",
+    "B": f"p50 <= cache_aware+lru's / {B_SPEEDUP} at 75/90% on " + ", ".join(PREFIX_SHARING),
+    "C": f"throughput >= {C_THROUGHPUT}x the best baseline's and p50 <= round_robin's at 110%",
+}
+FLOOR_SLACK_S = 1e-6  # the runs' percentiles are rounded to the microsecond
+
+Where = tuple[str, float, str]  # workload, load, eviction
+Find = Callable[[str, float, str, str], dict[str, Any] | None]
+
+
+def target_checks(
+    cells: Sequence[dict[str, Any]],
+    candidate: str,
+    workloads: Sequence[str],
+    evictions: Sequence[str],
+    floors_s: Mapping[str, float] | None = None,
+) -> list[dict[str, Any]]:
+    """Every check of targets A, B and C (module docstring) for ``candidate``, one row each,
+    over ``workloads`` x ``evictions`` x the target's loads, whether the cell ran or not.
+    ``floors_s``: the no-wait floor p50 per workload, to tell the infeasible B cells."""
+    index = {(c["workload"], round(c["load"], 9), c["eviction"], c["policy"]): c for c in cells}
+
+    def find(workload: str, load: float, eviction: str, policy: str) -> dict[str, Any] | None:
+        return index.get((workload, round(load, 9), eviction, policy))
+
+    rows: list[dict[str, Any]] = []
+    grid = [(w, e) for w in workloads for e in evictions]
+    for w, e in grid:
+        rows += [row for load in A_LOADS for row in _target_a(find, candidate, (w, load, e))]
+    for w, e in grid:
+        if w in PREFIX_SHARING:
+            floor = None if floors_s is None else floors_s.get(w)
+            rows += [_target_b(find, candidate, (w, load, e), floor) for load in B_LOADS]
+    for w, e in grid:
+        rows += _target_c(find, candidate, (w, C_LOAD, e))
+    return rows
+
+
+def _check(
+    target: str,
+    check: str,
+    where: Where,
+    value: float | None,
+    threshold: float | None,
+    reference: str | None,
+    at_least: bool = False,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    """One row: met only with a value, a threshold and no reason against it."""
+    if reason is None and value is None:
+        reason = f"no {check}"
+    if reason is None and threshold is None:
+        reason = "no threshold"
+    met = False
+    if reason is None and value is not None and threshold is not None:
+        met = value >= threshold if at_least else value <= threshold
+    workload, load, eviction = where
+    return {
+        "target": target,
+        "check": check,
+        "workload": workload,
+        "load": load,
+        "eviction": eviction,
+        "value": value,
+        "threshold": threshold,
+        "reference": reference,
+        "met": met,
+        "missing": False,
+        "reason": reason,
+    }
+
+
+def _missing(target: str, check: str, where: Where, policy: str) -> dict[str, Any]:
+    row = _check(target, check, where, None, None, None, reason=f"no {policy} cell in this run")
+    row["missing"] = True
+    return row
+
+
+def _target_a(find: Find, candidate: str, where: Where) -> list[dict[str, Any]]:
+    mine = find(*where, candidate)
+    rows = []
+    for short in ("p50", "p95"):
+        check = f"{short} / best baseline's"
+        if mine is None:
+            rows.append(_missing("A", check, where, candidate))
+            continue
+        best = mine[f"{short}_best_baseline"]
+        value = mine[f"{short}_ratio"]
+        reason = None if value is not None else f"no ratio: {best}'s {short} is 0 or missing"
+        rows.append(_check("A", check, where, value, A_SLACK, best, reason=reason))
+    return rows
+
+
+def _target_b(find: Find, candidate: str, where: Where, floor_s: float | None) -> dict[str, Any]:
+    workload, load, _ = where
+    mine, cache_aware = find(*where, candidate), find(workload, load, "lru", "cache_aware")
+    if mine is None or cache_aware is None:
+        row = _missing("B", "p50 s", where, candidate if mine is None else "cache_aware+lru")
+        row["floor_p50_s"] = floor_s
+        return row
+    reference = cache_aware["p50_latency_s"]
+    threshold = reference / B_SPEEDUP if reference else None
+    reason = None if threshold else "cache_aware+lru's p50 is 0 or missing"
+    value = mine["p50_latency_s"]
+    row = _check("B", "p50 s", where, value, threshold, "cache_aware+lru", reason=reason)
+    row["floor_p50_s"] = floor_s
+    if floor_s is not None and value is not None and floor_s > value + FLOOR_SLACK_S:
+        row["met"] = False  # each latency is at least its floor: a bug in one of the two
+        row["reason"] = f"floor p50 {floor_s:.3f} s above the measured {value:.3f} s"
+    elif not row["met"] and threshold and floor_s is not None and floor_s > threshold:
+        row["reason"] = (
+            f"infeasible (floor p50 {floor_s:.3f} s > cache_aware/{B_SPEEDUP} = {threshold:.3f} s)"
+        )
+    return row
+
+
+def _target_c(find: Find, candidate: str, where: Where) -> list[dict[str, Any]]:
+    mine = find(*where, candidate)
+    bases = {b.label: find(*where, b.label) for b in BASELINES}
+    absent = [label for label, cell in bases.items() if cell is None]
+    if mine is None or absent:
+        policy = candidate if mine is None else " and ".join(absent)
+        checks = ("throughput req/s", "p50 s vs round_robin")
+        return [_missing("C", check, where, policy) for check in checks]
+    present = {label: cell for label, cell in bases.items() if cell is not None}
+    best = max(present, key=lambda label: present[label]["throughput_rps"])
+    threshold = C_THROUGHPUT * present[best]["throughput_rps"]
+    reason = None if threshold > 0 else "the baselines' throughput is 0"
+    value = mine["throughput_rps"]
+    throughput = _check("C", "throughput req/s", where, value, threshold, best, True, reason)
+    reference = present["round_robin"]["p50_latency_s"]
+    reason = None if reference else "round_robin's p50 is 0 or missing"
+    value = mine["p50_latency_s"]
+    p50 = _check("C", "p50 s vs round_robin", where, value, reference, "round_robin", reason=reason)
+    return [throughput, p50]
+
+
+def target_summary(checks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per target: checks and cells (workload, load, eviction: all its checks) met."""
+    out = []
+    for target in TARGETS:
+        mine = [c for c in checks if c["target"] == target]
+        cells: dict[Where, bool] = {}
+        for c in mine:
+            where = (c["workload"], c["load"], c["eviction"])
+            cells[where] = cells.get(where, True) and c["met"]
+        out.append(
+            {
+                "target": target,
+                "definition": TARGETS[target],
+                "checks": len(mine),
+                "checks_met": sum(c["met"] for c in mine),
+                "cells": len(cells),
+                "cells_met": sum(cells.values()),
+                "missing": sum(c["missing"] for c in mine),
+                "infeasible": sum(str(c["reason"]).startswith("infeasible") for c in mine),
+            }
+        )
+    return out
+
+
 # -- output ------------------------------------------------------------------------------------
 def saturation_rows(
-    saturation: Sequence[dict[str, Any]], workloads: Sequence[WorkloadSpec]
+    saturation: Sequence[dict[str, Any]],
+    workloads: Sequence[WorkloadSpec],
+    floors_s: Mapping[str, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Per workload: the saturation rate of every seed, their mean, and what it means."""
+    """Per workload: the saturation rate of every seed, their mean, what it means, and the
+    no-wait floor's p50 (mean over seeds)."""
     rows = []
     for w in workloads:
         mine = [s for s in saturation if s["workload"] == w.key]
@@ -459,6 +766,7 @@ def saturation_rows(
                 "completed_rps": statistics.fmean(s["completed_rps_at_saturation"] for s in mine),
                 "p50_latency_s": statistics.fmean(s["p50_latency_s_at_saturation"] for s in mine),
                 "probes": sum(len(s["probes"]) for s in mine),
+                "floor_p50_s": None if floors_s is None else floors_s.get(w.key),
             }
         )
     return rows
@@ -473,6 +781,7 @@ SATURATION_COLUMNS = (
     ("mean knob", "mean_knob", "{:.3g}"),
     ("completed req/s there", "completed_rps", "{:.2f}"),
     ("rr+lru p50 there (s)", "p50_latency_s", "{:.2f}"),
+    ("no-wait floor p50 (s)", "floor_p50_s", "{:.3f}"),
     ("probes", "probes", "{}"),
 )
 
@@ -558,6 +867,43 @@ def heatmap(
     plt.close(fig)
 
 
+TARGET_COLUMNS = (
+    ("target", "target", "{}"),
+    ("check", "check", "{}"),
+    ("workload", "workload", "{}"),
+    ("load", "load", "{:.0%}"),
+    ("eviction", "eviction", "{}"),
+    ("value", "value", "{:.3g}"),
+    ("threshold", "threshold", "{:.3g}"),
+    ("reference", "reference", "{}"),
+    ("floor p50 (s)", "floor_p50_s", "{:.3f}"),
+    ("why not met", "reason", "{}"),
+)
+
+
+def print_targets(candidate: str, checks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A summary line per target and the failing checks (those without a cell counted only);
+    returns the summary."""
+    summary = target_summary(checks)
+    print(f"### Targets for {candidate} (cell means over seeds)\n")
+    for t in summary:
+        infeasible = f"; {t['infeasible']} infeasible by the floor" if t["infeasible"] else ""
+        missing = f"; {t['missing']} checks without a cell" if t["missing"] else ""
+        print(
+            f"- **{t['target']}** ({t['definition']}): met in {t['cells_met']} of {t['cells']} "
+            f"cells ({t['checks_met']} of {t['checks']} checks{infeasible}{missing})"
+        )
+    failing = [c for c in checks if not c["met"] and not c["missing"]]
+    if failing:
+        print(f"\nChecks not met ({len(failing)}):\n")
+        print(markdown_table(failing, TARGET_COLUMNS))
+    absent = sorted({(c["workload"], c["load"], c["eviction"]) for c in checks if c["missing"]})
+    if absent:
+        print(f"\nNot met for want of a cell (not run): {len(absent)} (workload, load, eviction)")
+    print()
+    return summary
+
+
 # -- command line ------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = base_parser(NAME, __doc__)
@@ -569,6 +915,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="SPEC",
         help=f"labels of SPECS ({', '.join(SPECS)}), registered policies, or "
         "LABEL=POLICY:KEY=VALUE,... (the baselines always run)",
+    )
+    parser.add_argument(
+        "--candidate",
+        default=None,
+        metavar="LABEL",
+        help=f"the policy label the targets are checked for (default {CANDIDATE}; one of "
+        "--policies)",
     )
     parser.add_argument("--workloads", nargs="+", choices=WORKLOAD_KEYS, default=None)
     parser.add_argument("--loads", type=float, nargs="+", default=None, help="of saturation")
@@ -587,12 +940,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.policy_specs = tuple(policy_list(args.policies))
     except ValueError as exc:
         parser.error(f"--policies: {exc}")
+    labels = [p.label for p in args.policy_specs]
+    if args.candidate is not None and args.candidate not in labels:
+        parser.error(f"--candidate {args.candidate!r} is not among --policies: {labels}")
+    args.candidate = args.candidate or CANDIDATE
     args.seeds = tuple(args.seeds or (QUICK_SEEDS if args.quick else SEEDS))
     args.loads = tuple(args.loads or (QUICK_LOADS if args.quick else LOADS))
     if min(args.loads) <= 0 or args.jobs < 1:
         parser.error("--loads must be > 0 and --jobs >= 1")
     args.figure = args.figure or (args.out.with_suffix(".png") if args.quick else FIGURE)
     chosen = [w for w in WORKLOADS if args.workloads is None or w.key in args.workloads]
+    args.chosen = [w.key for w in chosen]
     args.available = [w for w in chosen if w.data is None or (args.data / w.data).is_file()]
     args.skipped = [
         {"workload": w.key, "reason": f"data file {args.data / str(w.data)} not found"}
@@ -607,6 +965,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 @dataclass(slots=True)
 class Results:
     saturation: list[dict[str, Any]]
+    floors: list[dict[str, Any]]
     runs: list[dict[str, Any]]
     cells: list[dict[str, Any]]
     wall_s: float
@@ -614,7 +973,7 @@ class Results:
 
 
 def run_matrix(args: argparse.Namespace) -> Results:
-    """Bisect every (workload, seed), then run every cell at its loads."""
+    """Bisect every (workload, seed), then run every cell at its loads; the floors."""
     progress = not args.no_progress
     started = time.perf_counter()
     settings = [
@@ -622,6 +981,7 @@ def run_matrix(args: argparse.Namespace) -> Results:
     ]
     saturation = parallel_map(find_saturation, settings, args.jobs, "saturation", progress)
     saturation_s = time.perf_counter() - started
+    floors = parallel_map(no_wait_floor, settings, args.jobs, "floors", progress)
     jobs = [
         Cell(setting, load, load * sat["saturation_rps"], args.policy_specs, tuple(args.evictions))
         for setting, sat in zip(settings, saturation, strict=True)
@@ -635,19 +995,42 @@ def run_matrix(args: argparse.Namespace) -> Results:
     cells.sort(
         key=lambda c: (order[c["workload"]], c["load"], c["eviction"], labels.index(c["policy"]))
     )
-    return Results(saturation, runs, cells, time.perf_counter() - started, saturation_s)
+    wall_s = time.perf_counter() - started
+    return Results(saturation, floors, runs, cells, wall_s, saturation_s)
 
 
-def report(args: argparse.Namespace, results: Results) -> list[dict[str, Any]]:
-    """The markdown tables on stdout and the heatmap; returns the saturation summary."""
+def targets_verdict(args: argparse.Namespace, results: Results) -> dict[str, Any]:
+    """The targets' checks for ``--candidate``, printed and as the JSON's ``targets``."""
+    if args.candidate not in [p.label for p in args.policy_specs]:
+        print(f"### Targets: {args.candidate} did not run (add it to --policies)\n")
+        return {"candidate": args.candidate, "skipped": "not among the policies run"}
+    floors_s = floor_means(results.floors)
+    checks = target_checks(results.cells, args.candidate, args.chosen, args.evictions, floors_s)
+    return {
+        "candidate": args.candidate,
+        "definitions": TARGETS,
+        "thresholds": {
+            "A": {"loads": A_LOADS, "max_ratio": A_SLACK},
+            "B": {"loads": B_LOADS, "speedup": B_SPEEDUP, "workloads": PREFIX_SHARING},
+            "C": {"load": C_LOAD, "min_throughput_ratio": C_THROUGHPUT},
+        },
+        "summary": print_targets(args.candidate, checks),
+        "checks": checks,
+    }
+
+
+def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
+    """The markdown tables on stdout and the heatmap; returns the saturation summary and
+    the targets' verdict."""
     labels = [p.label for p in args.policy_specs]
-    sat_rows = saturation_rows(results.saturation, args.available)
+    sat_rows = saturation_rows(results.saturation, args.available, floor_means(results.floors))
     seeds = ", ".join(map(str, args.seeds))
     print(f"## Robustness matrix ({WORKERS} workers, {PROFILE}, simulated; seeds {seeds})\n")
     print("### Saturation of round_robin + lru (highest rate keeping >= 95% throughput)\n")
     print(markdown_table(sat_rows, SATURATION_COLUMNS) + "\n")
     print("### p50 / p95 latency over the best baseline's, mean over seeds (min-max)\n")
     print(markdown_table(ratio_rows(results.cells, labels), ratio_columns(labels)) + "\n")
+    targets = targets_verdict(args, results)
     for skip in args.skipped:
         print(f"skipped {skip['workload']}: {skip['reason']}")
     probes = sum(len(s["probes"]) for s in results.saturation)
@@ -664,7 +1047,7 @@ def report(args: argparse.Namespace, results: Results) -> list[dict[str, Any]]:
         "rate; baselines compared with the same eviction"
     )
     heatmap(results.cells, rows, columns, args.figure, title)
-    return sat_rows
+    return {"saturation_summary": sat_rows, "targets": targets}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -672,7 +1055,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for skip in args.skipped:
         print(f"skipping {skip['workload']}: {skip['reason']}", file=sys.stderr)
     results = run_matrix(args)
-    sat_rows = report(args, results)
+    summary = report(args, results)
     path = write_json(
         args.out,
         NAME,
@@ -696,8 +1079,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for w in args.available
             ],
             "skipped": args.skipped,
-            "saturation_summary": sat_rows,
+            "candidate": args.candidate,
+            **summary,
             "saturation": results.saturation,
+            "floors": results.floors,
             "cells": results.cells,
             "runs": results.runs,
             "figure": str(args.figure),

@@ -16,6 +16,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import robustness
 
+from sim.ceiling import OfflineLimits
+from sim.cluster import ClusterConfig, simulate
+from sim.profiles import get_profile
+from sim.tokens import ids_to_key
+from sim.workloads import GSPConfig, GSPWorkload, RequestList, WorkloadRequest
+
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -220,3 +226,280 @@ def test_a_missing_data_file_skips_its_workload(
     assert [s["workload"] for s in doc["skipped"]] == ["mooncake"]
     assert {r["workload"] for r in doc["runs"]} == {"cyclic"}
     assert "skipping mooncake: data file" in capsys.readouterr().err
+    # the default candidate did not run: no verdict, and the JSON says why
+    assert doc["targets"] == {"candidate": "lbgr", "skipped": "not among the policies run"}
+
+
+@pytest.mark.slow
+def test_no_run_beats_the_no_wait_floor(quick: dict[str, Any]) -> None:
+    doc = quick["doc"]
+    floors = {(f["workload"], f["seed"]): f for f in doc["floors"]}
+    assert set(floors) == {(w, s) for w in available_workloads() for s in doc["seeds"]}
+    for run in doc["runs"]:
+        floor = floors[(run["workload"], run["seed"])]
+        assert floor["requests"] + floor["too_large"] == run["requests"]
+        # percentiles of the runs are rounded to the microsecond
+        assert run["p50_latency_s"] >= floor["p50_floor_s"] - 1e-6, run
+        assert run["p95_latency_s"] >= floor["p95_floor_s"] - 1e-6, run
+    summary = {s["workload"]: s["floor_p50_s"] for s in doc["saturation_summary"]}
+    assert summary == {w: floors[(w, 0)]["p50_floor_s"] for w in available_workloads()}
+
+
+@pytest.mark.slow
+def test_the_quick_verdict_has_every_check_and_counts_missing_cells(quick: dict[str, Any]) -> None:
+    targets = quick["doc"]["targets"]
+    assert targets["candidate"] == "lbgr"
+    checks = targets["checks"]
+    workloads, evictions = len(robustness.WORKLOADS), len(robustness.EVICTIONS)
+    counts = {t: sum(c["target"] == t for c in checks) for t in "ABC"}
+    prefix = len(robustness.PREFIX_SHARING)
+    assert counts == {
+        "A": 2 * 3 * workloads * evictions,
+        "B": 2 * prefix * evictions,
+        "C": 2 * workloads * evictions,
+    }
+    # --quick runs 50% and 110% only: A at 75/90% and all of B have no cell, and are not met.
+    for c in checks:
+        ran = c["workload"] in available_workloads() and c["load"] in robustness.QUICK_LOADS
+        assert c["missing"] == (not ran), c
+        if c["missing"]:
+            assert not c["met"]
+            assert "cell in this run" in c["reason"]
+    by_target = {s["target"]: s for s in targets["summary"]}
+    assert by_target["B"]["checks_met"] == 0
+    assert all(
+        s["checks_met"] == sum(c["met"] for c in checks if c["target"] == s["target"])
+        for s in targets["summary"]
+    )
+
+
+# -- targets on hand-built cells -----------------------------------------------------------------
+def runs_at(
+    workload: str, load: float, eviction: str, **by_policy: tuple[float, float, float]
+) -> list[dict[str, Any]]:
+    """One seed's runs of a cell: (p50 s, p95 s, throughput req/s) per policy."""
+    rows = []
+    for policy, (p50, p95, throughput) in by_policy.items():
+        row = run(policy, 0, p50, p95)
+        row.update(workload=workload, load=load, eviction=eviction, throughput_rps=throughput)
+        rows.append(row)
+    return rows
+
+
+LABELS = ["round_robin", "power_of_two", "cache_aware", "lbgr"]
+
+
+def verdict(
+    runs: list[dict[str, Any]],
+    workloads: list[str],
+    evictions: list[str],
+    floors: dict[str, float] | None = None,
+) -> dict[tuple[str, str, str, float, str], dict[str, Any]]:
+    cells = robustness.aggregate(runs, LABELS, LABELS[:3])
+    checks = robustness.target_checks(cells, "lbgr", workloads, evictions, floors)
+    keyed = {(c["target"], c["check"], c["workload"], c["load"], c["eviction"]): c for c in checks}
+    assert len(keyed) == len(checks)
+    return keyed
+
+
+def test_target_a_is_met_within_five_percent_of_the_best_baseline_and_missing_cells_fail() -> None:
+    runs = runs_at(
+        "cyclic",
+        0.5,
+        "lru",
+        round_robin=(1.0, 2.0, 10.0),
+        power_of_two=(1.2, 2.5, 10.0),
+        cache_aware=(1.4, 3.0, 10.0),
+        lbgr=(1.04, 2.2, 10.0),  # p50 1.04x round_robin's, p95 1.1x
+    )
+    got = verdict(runs, ["cyclic"], ["lru"])
+    p50 = got[("A", "p50 / best baseline's", "cyclic", 0.5, "lru")]
+    p95 = got[("A", "p95 / best baseline's", "cyclic", 0.5, "lru")]
+    assert p50["met"]
+    assert p50["value"] == pytest.approx(1.04)
+    assert p50["threshold"] == 1.05
+    assert p50["reference"] == "round_robin"
+    assert p50["reason"] is None
+    assert not p95["met"]
+    assert p95["value"] == pytest.approx(1.1)
+    assert p95["reason"] is None
+    for load in (0.75, 0.9):  # never run: not met, and said why
+        row = got[("A", "p50 / best baseline's", "cyclic", load, "lru")]
+        assert not row["met"]
+        assert row["missing"]
+        assert row["reason"] == "no lbgr cell in this run"
+    # cyclic shares no prefix to speak of: no B checks
+    assert not [key for key in got if key[0] == "B"]
+    summary = {s["target"]: s for s in robustness.target_summary(list(got.values()))}
+    assert (summary["A"]["checks_met"], summary["A"]["checks"]) == (1, 6)
+    assert (summary["A"]["cells_met"], summary["A"]["cells"], summary["A"]["missing"]) == (0, 3, 4)
+
+
+def test_target_a_with_a_zero_best_baseline_is_not_met() -> None:
+    runs = runs_at(
+        "cyclic",
+        0.5,
+        "lru",
+        round_robin=(0.0, 0.0, 10.0),
+        power_of_two=(1.0, 1.0, 10.0),
+        cache_aware=(1.0, 1.0, 10.0),
+        lbgr=(0.0, 0.0, 10.0),
+    )
+    row = verdict(runs, ["cyclic"], ["lru"])[("A", "p50 / best baseline's", "cyclic", 0.5, "lru")]
+    assert row["value"] is None
+    assert not row["met"]
+    assert row["reason"] == "no ratio: round_robin's p50 is 0 or missing"
+
+
+def test_target_b_compares_each_eviction_with_cache_aware_and_lru_and_flags_infeasible() -> None:
+    bases = {"round_robin": (2.0, 4.0, 10.0), "power_of_two": (2.0, 4.0, 10.0)}
+    runs = [
+        # 75%: cache_aware + lru p50 1.3 s, so the threshold is 1.0 s in both evictions
+        *runs_at("longdoc", 0.75, "lru", **bases, cache_aware=(1.3, 3, 10), lbgr=(0.9, 2, 10)),
+        *runs_at("longdoc", 0.75, "rlt", **bases, cache_aware=(0.5, 3, 10), lbgr=(1.1, 2, 10)),
+        # 90%: the same threshold, and a floor of 1.05 s above it
+        *runs_at("longdoc", 0.9, "lru", **bases, cache_aware=(1.3, 3, 10), lbgr=(1.2, 2, 10)),
+        # the other workload has no cache_aware + lru cell at 90% (rlt only)
+        *runs_at("mooncake", 0.9, "rlt", **bases, cache_aware=(1.3, 3, 10), lbgr=(0.5, 2, 10)),
+    ]
+    got = verdict(runs, ["longdoc", "mooncake"], ["lru", "rlt"], {"longdoc": 0.6})
+    met = got[("B", "p50 s", "longdoc", 0.75, "lru")]
+    assert met["met"]
+    assert met["threshold"] == pytest.approx(1.0)
+    assert met["floor_p50_s"] == 0.6
+    rlt = got[("B", "p50 s", "longdoc", 0.75, "rlt")]  # against lru's 1.3 s, not rlt's 0.5 s
+    assert not rlt["met"]
+    assert rlt["threshold"] == pytest.approx(1.0)
+    assert rlt["reason"] is None
+    no_ca = got[("B", "p50 s", "mooncake", 0.9, "rlt")]
+    assert not no_ca["met"]
+    assert no_ca["reason"] == "no cache_aware+lru cell in this run"
+    infeasible = verdict(runs, ["longdoc"], ["lru"], {"longdoc": 1.05})
+    row = infeasible[("B", "p50 s", "longdoc", 0.9, "lru")]
+    assert not row["met"]
+    assert row["reason"] == "infeasible (floor p50 1.050 s > cache_aware/1.3 = 1.000 s)"
+    # a floor above a measured p50 is a bug somewhere: never met
+    wrong = infeasible[("B", "p50 s", "longdoc", 0.75, "lru")]
+    assert not wrong["met"]
+    assert wrong["reason"].startswith("floor p50 1.050 s above")
+
+
+def test_target_c_wants_the_best_baselines_throughput_and_round_robins_p50() -> None:
+    bases = {
+        "round_robin": (5.0, 9.0, 9.0),
+        "power_of_two": (6.0, 9.0, 10.0),  # the best throughput: threshold 9.5
+        "cache_aware": (4.0, 9.0, 8.0),
+    }
+    runs = [
+        *runs_at("azure_conv", 1.1, "lru", **bases, lbgr=(4.9, 9.0, 9.6)),
+        *runs_at("azure_conv", 1.1, "rlt", **bases, lbgr=(5.1, 9.0, 9.4)),
+    ]
+    got = verdict(runs, ["azure_conv"], ["lru", "rlt"])
+    throughput = got[("C", "throughput req/s", "azure_conv", 1.1, "lru")]
+    assert throughput["met"]
+    assert throughput["threshold"] == pytest.approx(9.5)
+    assert throughput["reference"] == "power_of_two"
+    assert got[("C", "p50 s vs round_robin", "azure_conv", 1.1, "lru")]["met"]
+    assert not got[("C", "throughput req/s", "azure_conv", 1.1, "rlt")]["met"]
+    slower = got[("C", "p50 s vs round_robin", "azure_conv", 1.1, "rlt")]
+    assert not slower["met"]
+    assert slower["threshold"] == 5.0
+    assert slower["reason"] is None
+    # zero references are not met; a missing baseline cell neither
+    zero = {"round_robin": (0.0, 0.0, 0.0), "power_of_two": (1, 1, 0.0), "cache_aware": (1, 1, 0)}
+    runs = runs_at("cyclic", 1.1, "lru", **zero, lbgr=(0.0, 0.0, 0.0))
+    runs += runs_at("cyclic", 1.1, "rlt", **bases, lbgr=(1.0, 1.0, 1.0))
+    cells = robustness.aggregate(runs, LABELS, LABELS[:3])
+    cells = [c for c in cells if (c["eviction"], c["policy"]) != ("rlt", "cache_aware")]
+    rows = robustness.target_checks(cells, "lbgr", ["cyclic"], ["lru", "rlt"])
+    c_rows = {(r["check"], r["eviction"]): r for r in rows if r["target"] == "C"}
+    assert c_rows[("throughput req/s", "lru")]["reason"] == "the baselines' throughput is 0"
+    assert c_rows[("p50 s vs round_robin", "lru")]["reason"] == "round_robin's p50 is 0 or missing"
+    assert c_rows[("throughput req/s", "rlt")]["reason"] == "no cache_aware cell in this run"
+    assert not any(r["met"] for r in c_rows.values())
+
+
+def test_the_candidate_must_be_among_the_policies() -> None:
+    with pytest.raises(SystemExit):
+        robustness.parse_args(["--quick", "--policies", "lbgr", "--candidate", "nonesuch"])
+    args = robustness.parse_args(["--quick", "--candidate", "cache_aware"])
+    assert args.candidate == "cache_aware"
+    assert robustness.parse_args(["--quick"]).candidate == "lbgr"
+
+
+# -- the no-wait floor -----------------------------------------------------------------------------
+PROFILE = get_profile(robustness.PROFILE)  # T_w 24, a 0.114, c 5.5e-6, o_step 1.5, o_req 5 ms;
+# decode: 24 + 0.2e-3 per context token + 0.04 per sequence + 1.5 ms
+
+
+def hand_workload(arrivals: tuple[float, float, float]) -> RequestList:
+    """r0 and r1 share a 1,000-token prefix (200 tokens each of their own); r2 is r0 again."""
+    prefix = ids_to_key(range(1, 1001))
+    r0 = WorkloadRequest("r0", arrivals[0], prefix + ids_to_key(range(2000, 2200)), 4)
+    r1 = WorkloadRequest("r1", arrivals[1], prefix + ids_to_key(range(3000, 3200)), 4)
+    r2 = WorkloadRequest("r2", arrivals[2], r0.prompt, 4)
+    return RequestList("hand", [r0, r1, r2])
+
+
+def test_the_floor_of_requests_sharing_a_prefix_by_hand() -> None:
+    workload = hand_workload((0.0, 10_000.0, 20_000.0))
+    assert robustness.shared_prefix_tokens(workload) == [0, 1000, 1199]  # r2: all but one
+    decode = 3 * (24 + 0.04 + 1.5) + 0.2e-3 * (1201 + 1202 + 1203)  # 3 steps, batch 1
+    # r0: 1,200 new tokens, prefill 0.114 x 1200 + 5.5e-6 x 1200 x 600 = 140.76 ms
+    assert robustness.latency_floor_ms(PROFILE, 1200, 0, 4) == pytest.approx(
+        5 + 140.76 + 1.5 + decode
+    )
+    # r1: 200 new after 1,000 cached: 0.114 x 200 + 5.5e-6 x 200 x 1100 = 24.01 ms
+    assert robustness.latency_floor_ms(PROFILE, 1200, 1000, 4) == pytest.approx(
+        5 + 24.01 + 1.5 + decode
+    )
+    # r2: one token recomputed; the step costs the weights' read, 24 ms
+    assert robustness.latency_floor_ms(PROFILE, 1200, 1200, 4) == pytest.approx(
+        5 + 24 + 1.5 + decode
+    )
+    # 10,000 new tokens are two chunks (8,192 + 1,808): one step overhead more
+    assert robustness.latency_floor_ms(PROFILE, 10_000, 0, 1) == pytest.approx(
+        5 + 0.114 * 10_000 + 5.5e-6 * 10_000 * 5_000 + 2 * 1.5
+    )
+
+
+def test_the_floor_is_the_latency_alone_and_a_bound_in_a_crowd() -> None:
+    config = ClusterConfig(workers=1, policy="round_robin", profile=robustness.PROFILE)
+    alone = hand_workload((0.0, 10_000.0, 20_000.0))  # each request finds the worker idle
+    shared = robustness.shared_prefix_tokens(alone)
+    floors = [
+        robustness.latency_floor_ms(PROFILE, len(r.prompt), n, r.max_new_tokens)
+        for r, n in zip(alone, shared, strict=True)
+    ]
+    latencies = [r.latency_ms for r in simulate(config, alone).records]
+    assert latencies == pytest.approx(floors)
+    crowd = hand_workload((0.0, 0.0, 1.0))  # all together: r1 and r2 batch with r0
+    assert robustness.shared_prefix_tokens(crowd) == shared
+    latencies = [r.latency_ms for r in simulate(config, crowd).records]
+    assert all(x >= f for x, f in zip(latencies, floors, strict=True))
+    assert latencies[1] > floors[1] + 100  # r1 found nothing cached: far above its floor
+
+
+def test_the_floor_counts_only_requests_that_may_come_first() -> None:
+    # open loop: arrival order, not list order
+    late_first = hand_workload((10_000.0, 0.0, 20_000.0))
+    assert robustness.shared_prefix_tokens(late_first) == [1000, 0, 1199]
+    # closed loop: a turn never finds its own later turns, which wait for it
+    turn0 = WorkloadRequest(
+        "t0", 0.0, ids_to_key(range(1, 101)), 4, output=ids_to_key([7, 8, 9, 10])
+    )
+    turn1 = WorkloadRequest(
+        "t1", 1.0, turn0.prompt + turn0.output + ids_to_key(range(500, 600)), 4, after="t0"
+    )
+    turn2 = WorkloadRequest("t2", 2.0, turn1.prompt + ids_to_key([11]), 4, after="t1")
+    other = WorkloadRequest("o0", 3.0, ids_to_key(range(1, 51)), 4)  # a later arrival's prefix
+    chain = RequestList("chain", [turn0, turn1, turn2, other])
+    # t0: only o0 may precede it (50 tokens); t1: t0's prompt + 3 answer tokens; t2: t1's
+    # prompt + its 3 filler tokens do not match t2's next token, so t1's prompt
+    assert robustness.shared_prefix_tokens(chain) == [50, 103, 204, 49]
+
+
+def test_the_floor_counts_what_the_unlimited_ceiling_counts_on_an_open_loop_workload() -> None:
+    workload = GSPWorkload(GSPConfig(8, 6, order="random", seed=3))
+    shared = robustness.shared_prefix_tokens(workload)
+    assert sum(shared) == OfflineLimits(workload).ceiling().cached_tokens > 0
