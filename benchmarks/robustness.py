@@ -43,9 +43,11 @@ release, the client's clock) stays bounded, and the shortfall shows as throughpu
 offered rate and as ``client_delay_s``, the mean time a turn waited past its scheduled offer.
 
 **Policies**: ``round_robin``, ``power_of_two``, ``cache_aware`` (sglang-router's defaults,
-preset ``sglang``) and ``lbgr`` (defaults); ``--policies`` adds any entry of ``SPECS``, any
-registered policy by name, or ``LABEL=POLICY:KEY=VALUE,...`` (values parsed as JSON, else
-strings). The baselines are round_robin, power_of_two and cache_aware and always run. In a
+preset ``sglang``), ``lbgr`` (kvroute's default) and ``lbgr_paper`` (the paper's LBGR);
+``--policies`` adds any entry of ``SPECS``, any registered policy by name,
+``LABEL=POLICY:KEY=VALUE,...`` (values parsed as JSON, else strings) or
+``LABEL=POLICY:{JSON object}``. The baselines are round_robin, power_of_two and cache_aware
+and always run. In a
 cell (workload, load, eviction) the *best baseline* of a metric is the baseline with the
 lowest mean over seeds; a policy's ratio is its mean over that baseline's mean, and the
 spread is the min-max over seeds of the same ratio seed by seed (same requests, same rate).
@@ -161,7 +163,7 @@ SPECS = {
         spec("cache_aware_paper", "cache_aware", preset="paper"),
     )
 }
-POLICIES = ("round_robin", "power_of_two", "cache_aware", "lbgr")
+POLICIES = ("round_robin", "power_of_two", "cache_aware", "lbgr", "lbgr_paper")
 
 
 def parse_policy(text: str) -> PolicySpec:
@@ -172,7 +174,13 @@ def parse_policy(text: str) -> PolicySpec:
     elif "=" in text:
         label, _, rest = text.partition("=")
         policy, _, pairs = rest.partition(":")
-        params = {}
+        params: dict[str, Any] = {}
+        if pairs.startswith("{"):  # LABEL=POLICY:{"key": value, ...}, values of any JSON
+            try:
+                params = json.loads(pairs)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{text!r}: parameters are not a JSON object: {exc}") from None
+            pairs = ""
         for pair in filter(None, pairs.split(",")):
             key, sep, value = pair.partition("=")
             if not sep or not key:

@@ -88,7 +88,11 @@ def add_parser(sub: Any) -> None:
     f.add_argument(
         "--eviction", nargs="+", default=["rlt"], metavar="NAME", help="one or more of: lru, rlt"
     )
-    f.add_argument("--model", default="ewmean", help="residual model spec for lbgr (name or JSON)")
+    f.add_argument(
+        "--model",
+        default=None,
+        help="residual model spec for lbgr (name or JSON; default: the policy's, ratio)",
+    )
     f.add_argument(
         "--model-sharing",
         choices=["per_worker", "shared"],
@@ -172,7 +176,8 @@ def add_parser(sub: Any) -> None:
 def cluster_config(args: argparse.Namespace, policy: str, eviction: str) -> ClusterConfig:
     params: dict[str, Any] = {}
     if policy == "lbgr":
-        params["model"] = parse_spec(args.model).to_dict()
+        if args.model is not None:
+            params["model"] = parse_spec(args.model).to_dict()
         params["sharing"] = args.model_sharing
     elif policy == "cache_aware":
         params["preset"] = args.cache_aware_preset
@@ -254,7 +259,8 @@ def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     try:
         from models import make_model
 
-        make_model(args.model)
+        if args.model is not None:
+            make_model(args.model)
     except ModelSpecError as exc:
         parser.error(f"--model: {exc}")
     if args.worker_speeds is not None and len(args.worker_speeds) != args.workers:

@@ -68,6 +68,13 @@ class ModelBank:
     def kind_for(self, worker: str) -> str:
         return self.spec_for(worker).kind
 
+    def signed_for(self, worker: str) -> bool:
+        """Whether ``worker``'s model learns a signed residual (``ratio``)."""
+        model = self._models.get(self._key(worker))
+        if model is None:
+            model = self._override_protos.get(worker, self._default)
+        return bool(getattr(model, "signed", False))
+
     def _key(self, worker: str) -> str:
         return _SHARED_KEY if self.sharing == "shared" and worker not in self.overrides else worker
 
@@ -102,8 +109,9 @@ class ModelBank:
             return 0.0
         # Residual targets are >= 1 ms by construction (LBGR trains on max(1, ...)), so a
         # negative prediction is never right; letting it through would make a worker look
-        # faster than free and draw traffic it cannot serve.
-        return max(0.0, value)
+        # faster than free and draw traffic it cannot serve. A signed model (``ratio``) is
+        # trained on the signed residual and may go below zero (LBGR floors the prediction).
+        return value if getattr(model, "signed", False) else max(0.0, value)
 
     def learn(self, worker: str, x: Features, y: float) -> float:
         """Train on one outcome; returns the absolute error of the prediction made before."""

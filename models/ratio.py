@@ -25,6 +25,10 @@ What it cannot learn: a constant offset that does not grow with the estimate (th
 ...     m.learn_one({"estimate_ms": e}, 2.0 * e)  # latency 3x the estimate
 >>> round(m.predict_one({"estimate_ms": 50.0}), 3)
 100.0
+>>> fast = RatioResidual()
+>>> fast.learn_one({"estimate_ms": 400.0}, -300.0)  # latency a quarter of the estimate
+>>> round(fast.factor, 3), round(fast.predict_one({"estimate_ms": 80.0}), 3)
+(0.25, -60.0)
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from models.ewmean import EWMeanResidual
 __all__ = ["RatioResidual"]
 
 _MAX_LOG = 50.0  # exp(50) ~ 5e21: a bound that keeps predictions finite on any input
+_MIN_RATIO = 1e-3
 
 
 class RatioResidual(base.Regressor):
@@ -46,10 +51,15 @@ class RatioResidual(base.Regressor):
 
     ``forgetting`` plays ``ewmean``'s role (0.99: an effective memory of ~100 outcomes, so
     one worker's factor is not re-drawn from a few noisy ones); ``p0`` is the RLS prior. An
-    ``estimate_ms`` that is missing, not a number or below 1 ms counts as 1 ms. The factor is
-    never below 1: LBGR trains on ``max(1, latency - estimate)``, so a worker faster than the
-    estimate reads as 1.0, as ``ewmean`` reads it as a ~0 residual.
+    ``estimate_ms`` that is missing, not a number or below 1 ms counts as 1 ms.
+
+    The residual is *signed* (``signed = True``): LBGR trains it on ``latency - estimate``
+    itself, not floored at 1 ms, and it may predict a negative residual. A fleet faster than
+    the estimate's prior (an H100 where the prior is an L40) then learns factors below 1, and
+    a slow worker among fast ones still stands out.
     """
+
+    signed = True
 
     def __init__(self, forgetting: float = 0.99, p0: float = 1e6) -> None:
         self.forgetting = forgetting
@@ -73,8 +83,10 @@ class RatioResidual(base.Regressor):
     def learn_one(self, x: Features, y: float) -> None:
         if not math.isfinite(y):
             return
-        observed = math.log1p(max(0.0, y) / self._estimate(x))
-        self._log_mean.learn_one({}, min(observed, _MAX_LOG))
+        # y is latency - estimate: the factor is (y + e) / e, below 1 for a worker faster
+        # than the estimate (kept above 1e-3: a latency is never quite zero).
+        ratio = max(_MIN_RATIO, 1.0 + y / self._estimate(x))
+        self._log_mean.learn_one({}, min(math.log(ratio), _MAX_LOG))
 
     def predict_one(self, x: Features) -> float:
         return math.expm1(self._log_mean.predict_one({})) * self._estimate(x)

@@ -55,6 +55,10 @@ class ModelSlot:
     def kind_for(self, worker: str) -> str:
         return self.champion.kind_for(worker)
 
+    def signed_for(self, worker: str) -> bool:
+        """Whether the champion's model for ``worker`` learns a signed residual."""
+        return self.champion.signed_for(worker)
+
     def swap(self, spec: SpecLike, worker: str | None = None, sharing: str | None = None) -> None:
         """Replace the champion by fresh models of ``spec``, for every worker or only one."""
         parsed = parse_spec(spec)

@@ -88,10 +88,16 @@ class ModelBody(_Body):
 
 def _worker_view(state: ServiceState, url: str) -> dict[str, Any]:
     w = state.pool.workers[url]
+    ledger = state.router.ledger
+    others = state.worker_load.others(url) if state.worker_load is not None else (0.0, 0.0)
     return {
         **w.to_dict(),
-        "in_flight": state.router.in_flight.get(url, 0),
-        "pending_units": state.router.pending_units.get(url, 0),
+        "in_flight": ledger.in_flight.get(url, 0),
+        "pending_units": ledger.pending_units.get(url, 0),
+        "prefill_tokens": round(ledger.prefill_tokens.get(url, 0.0), 1),
+        "kv_tokens": round(ledger.kv_tokens.get(url, 0.0), 1),
+        "other_requests": others[0],
+        "other_kv_tokens": others[1],
         "queue_ms": state.last_queue_ms.get(url, 0.0),
         "index_units": state.router.index_units(url),
     }
@@ -170,6 +176,8 @@ def forget_worker(state: ServiceState, url: str) -> None:
         per_worker.pop(url, None)
     if state.queue is not None:
         state.queue.forget_worker(url)
+    if state.worker_load is not None:
+        state.worker_load.forget(url)
 
 
 def build_policy(
@@ -178,7 +186,8 @@ def build_policy(
     """A policy from the registry; lbgr defaults to the configured model and sharing."""
     params = dict(params)
     if name == "lbgr":
-        params.setdefault("model", settings.model)
+        if settings.model is not None:
+            params.setdefault("model", settings.model)
         params.setdefault("sharing", settings.model_sharing)
     try:
         return make_policy(name, random.Random(rng.getrandbits(64)), **params)

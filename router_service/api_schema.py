@@ -194,6 +194,10 @@ class CandidateAnswer(BaseModel):
     residual_ms: float | None
     predicted_ms: float | None
     in_flight: int | None
+    impact_ms: float | None = Field(
+        None, description="lbgr: the delay this request would add to the worker's others"
+    )
+    cost_ms: float | None = Field(None, description="lbgr: what the argmin ranks")
     eligible: bool
     reason: str | None
 
@@ -254,6 +258,10 @@ class WorkerAnswer(BaseModel):
     circuit_opens: int
     in_flight: int
     pending_units: int
+    prefill_tokens: float = Field(description="prompt tokens routed here, not yet prefilled")
+    kv_tokens: float = Field(description="KV tokens this router's requests hold or will hold")
+    other_requests: float = Field(description="requests in the worker this router did not send")
+    other_kv_tokens: float = Field(description="their KV tokens, by the worker's /metrics")
     queue_ms: float
     index_units: int
 

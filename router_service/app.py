@@ -44,6 +44,7 @@ from router_service.routing import HoldSettings, LBGRPolicy, Router
 from router_service.routing.block_keys import BlockKeys
 from router_service.settings import Settings
 from router_service.state import ServiceState
+from router_service.worker_metrics import MetricsPoller
 from router_service.workers import WorkerPool
 
 __all__ = ["create_app"]
@@ -87,6 +88,8 @@ def _build_state(settings: Settings) -> ServiceState:
     )
     for url in settings.worker_urls:
         state.pool.add(url)
+    if settings.worker_metrics_s > 0:
+        state.worker_load = MetricsPoller(lambda: state.http(), state.own_load)
     state.metrics = Metrics(state.snapshot, state.replica_id)
     hold = HoldSettings(
         slots=settings.queue_slots,
@@ -194,6 +197,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         asyncio.create_task(state.pool.run(settings.health_interval_s), name="health"),
         asyncio.create_task(_every(1.0, trim), name="trim"),
     ]
+    if state.worker_load is not None:
+        healthy = state.pool.healthy_urls
+        tasks.append(
+            asyncio.create_task(
+                state.worker_load.run(healthy, settings.worker_metrics_s), name="worker-metrics"
+            )
+        )
     if state.queue is not None:
         # Arrivals and freed slots run the queue's passes; this one catches what neither
         # does: a worker back from down or newly added, a request reaching its max wait.

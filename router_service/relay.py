@@ -72,6 +72,8 @@ class Flight:
     on_close: Callable[[], None] | None = None  # e.g. free the request's admission slot
     queue_slot: bool = False  # holds a hold-queue slot on its worker until freed
     events_to_free: int = 0  # with free_at_last_token: SSE events after which the slot goes
+    events: int = 0  # SSE data events relayed (a stream's tokens, give or take a few)
+    output_tokens: int | None = None  # tokens generated, as the answer says (or its events)
     breaker_trial: int | None = None  # the circuit breaker's trial slot this attempt holds
 
     def free_queue_slot(self) -> None:
@@ -88,7 +90,9 @@ class Flight:
         when the stream has brought all tokens but the last (``stream_chunk``): one data
         event per token, and on chat streams a role-only event first (SGLang's), so the
         last decode step is running. A stream that sends several tokens per event, or none
-        of ``max_new_tokens``, frees it later, at the end, never earlier."""
+        of ``max_new_tokens``, frees it later, at the end, never earlier. The router's
+        ledger learns the prefill is done."""
+        self.state.router.first_token(self.decision.decision_id)
         queue = self.state.queue
         if not self.queue_slot or queue is None:
             return
@@ -131,7 +135,10 @@ class Flight:
             except Exception:  # a release failure must not lose the response
                 log.exception("load release failed for %s", decision.chosen)
         learned = state.router.complete(
-            decision, Outcome(ok, latency_ms if ok else None, ttft_ms, status)
+            decision,
+            Outcome(
+                ok, latency_ms if ok else None, ttft_ms, status, output_tokens=self.output_tokens
+            ),
         )
         record: dict[str, Any] = {
             "status": status,
@@ -149,6 +156,40 @@ class Flight:
                 metrics.latency_seconds.labels(worker).observe(latency_ms / 1000.0)
                 if ttft_ms is not None:
                     metrics.ttft_seconds.labels(worker).observe(ttft_ms / 1000.0)
+
+
+_MAX_USAGE_BODY = 1 << 20  # larger answers are not parsed for their token counts
+
+
+def completion_tokens(body: bytes, media_type: str | None) -> int | None:
+    """Tokens generated, from a JSON answer: OpenAI's ``usage.completion_tokens`` or SGLang's
+    ``meta_info.completion_tokens`` (summed over a batch); None when the answer does not say.
+
+    >>> completion_tokens(b'{"usage": {"completion_tokens": 7}}', "application/json")
+    7
+    >>> completion_tokens(b'[{"meta_info": {"completion_tokens": 2}}, '
+    ...                   b'{"meta_info": {"completion_tokens": 3}}]', "application/json")
+    5
+    >>> completion_tokens(b"not json", "application/json") is None
+    True
+    """
+    if not media_type or "json" not in media_type or len(body) > _MAX_USAGE_BODY:
+        return None
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return None
+    items = answer if isinstance(answer, list) else [answer]
+    total = 0
+    for item in items:
+        if not isinstance(item, dict):
+            return None
+        holder = item.get("usage") or item.get("meta_info")
+        count = holder.get("completion_tokens") if isinstance(holder, dict) else None
+        if type(count) is not int or count < 0:
+            return None
+        total += count
+    return total
 
 
 def _one_sequence(body: dict[str, Any]) -> bool:
@@ -188,6 +229,8 @@ async def relay(
             ) from None
         upstream.release()
         flight.first_byte = flight.first_byte or time.perf_counter()
+        if ok:
+            flight.output_tokens = completion_tokens(body, media_type)
         await flight.close(ok, status, worker_fault=upstream.status >= 500)
         return Response(
             body, status_code=upstream.status, headers=out_headers, media_type=media_type
@@ -215,10 +258,14 @@ async def _stream(flight: Flight, upstream: aiohttp.ClientResponse) -> AsyncGene
             if flight.first_byte is None:
                 flight.first_byte = time.perf_counter()
                 flight.first_chunk()
+            flight.events += chunk.count(b"\ndata:") + chunk.startswith(b"data:")
             if flight.events_to_free:
                 flight.stream_chunk(chunk)
             yield chunk
         completed = True
+        # One event per token, less the closing [DONE] (and a chat stream's role-only event).
+        extra = 1 + (flight.parsed.kind == "chat")
+        flight.output_tokens = max(0, flight.events - extra)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         # Bytes already reached the client, so no retry: end the stream with an SSE error
         # event the client can see (and no [DONE]: the answer is incomplete).

@@ -61,7 +61,7 @@ class Settings(BaseSettings):
     worker_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     policy: str = "lbgr"
     policy_params: dict[str, Any] = Field(default_factory=dict)
-    model: str = "ewmean"
+    model: str | None = None  # lbgr's residual model; None: the policy's default (ratio)
     model_sharing: str = "per_worker"
     redis_url: str | None = None
     cluster: str = "default"  # namespaces shared state in Redis
@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
     replica_id: str | None = None
     health_interval_s: float = Field(5.0, gt=0)
+    # Read each worker's /metrics this often for the load this router did not send (other
+    # replicas, direct clients); 0: never (router_service.worker_metrics).
+    worker_metrics_s: float = Field(1.0, ge=0)
     health_timeout_s: float = Field(2.0, gt=0)
     unhealthy_after_failures: int = Field(2, ge=1)
     healthy_after_successes: int = Field(1, ge=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -20,6 +20,7 @@ from router_service.metrics import Metrics
 from router_service.model_snapshots import ModelSnapshots
 from router_service.routing import Router, WorkerStatus
 from router_service.settings import Settings
+from router_service.worker_metrics import MetricsPoller
 from router_service.workers import WorkerPool
 
 __all__ = ["ServiceState"]
@@ -48,6 +49,7 @@ class ServiceState:
     )
     draining: bool = False
     policy_params: dict[str, Any] = field(default_factory=dict)
+    worker_load: MetricsPoller | None = None  # workers' own /metrics (settings.worker_metrics_s)
 
     def http(self) -> aiohttp.ClientSession:
         if self.session is None:
@@ -67,7 +69,22 @@ class ServiceState:
         urls = self.pool.urls()
         queue = await self.store.read_many(urls)
         self.last_queue_ms = queue
-        return self.pool.statuses(queue)
+        statuses = self.pool.statuses(queue)
+        poller = self.worker_load
+        if poller is None or not poller.readings:
+            return statuses
+        out = []
+        for status in statuses:
+            requests, kv = poller.others(status.url)
+            if requests or kv:
+                status = replace(status, other_requests=requests, other_kv_tokens=kv)
+            out.append(status)
+        return out
+
+    def own_load(self, url: str) -> tuple[float, float]:
+        """(requests, KV tokens) this router has on ``url`` now, by its ledger."""
+        ledger = self.router.ledger
+        return float(ledger.in_flight.get(url, 0)), ledger.kv_tokens.get(url, 0.0)
 
     def model_slot(self) -> ModelSlot | None:
         """The learning policy's ModelSlot, or None when the policy does not learn."""

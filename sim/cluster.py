@@ -142,7 +142,12 @@ def simulate(
         sent, first = job.sent_ms, job.record.first_token_ms
         router.complete(
             job.decision,
-            Outcome(True, env.now_ms - sent, None if first is None else first - sent),
+            Outcome(
+                True,
+                env.now_ms - sent,
+                None if first is None else first - sent,
+                output_tokens=req.generated,
+            ),
         )
         if on_progress is not None:
             on_progress(1)
@@ -151,6 +156,7 @@ def simulate(
     def first_token(req: EngineRequest) -> None:
         job = in_flight[req.rid]
         job.record.first_token_ms = env.now_ms
+        router.first_token(job.decision.decision_id)
         if job.holds_slot and config.hold.free_at_first_token:
             free_slot(job)
 

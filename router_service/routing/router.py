@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from engine_ext.cache.keys import Key
 from router_service.routing.block_keys import CHARS_PER_BLOCK, BlockKeys
+from router_service.routing.ledger import Ledger
 from router_service.routing.policy import RoutingPolicy
 from router_service.routing.prefix_index import PrefixIndex
 from router_service.routing.types import (
@@ -44,10 +45,8 @@ class Router:
         # replicas can share it (router_service.index_sync); matches are block-granular.
         self.keys = keys
         self._last_key: tuple[str, Key] = ("", "")
-        self.in_flight: dict[str, int] = {}
-        self.pending_units: dict[str, int] = {}  # uncached units routed, not yet completed
-        # decision id -> (worker, uncached units, the policy that made it)
-        self._open: dict[str, tuple[str, int, RoutingPolicy]] = {}
+        self.ledger = Ledger()  # requests in flight: counts, prefill backlog, KV held
+        self._policy_of: dict[str, RoutingPolicy] = {}  # open decision id -> its policy
         self._orphans: set[str] = set()  # open decisions whose worker was removed since
         self._last_match: tuple[str, dict[str, int]] = ("", {})
         self._last_trim_ms = 0.0
@@ -56,11 +55,24 @@ class Router:
         """Swap the policy; decisions in flight complete against the policy that made them."""
         self.policy = policy
 
+    @property
+    def in_flight(self) -> dict[str, int]:
+        """Requests routed and not completed, per worker."""
+        return self.ledger.in_flight
+
+    @property
+    def pending_units(self) -> dict[str, int]:
+        """Uncached units routed and not completed, per worker."""
+        return self.ledger.pending_units
+
     def snapshots(
         self, request: RouteRequest, workers: Sequence[WorkerStatus]
     ) -> list[WorkerSnapshot]:
         matched = self._match(request)
-        in_flight, pending = self.in_flight, self.pending_units
+        ledger = self.ledger
+        in_flight, pending = ledger.in_flight, ledger.pending_units
+        prefill, pairs, kv = ledger.prefill_tokens, ledger.prefill_pairs, ledger.kv_tokens
+        output = ledger.outputs.expected(request.max_new_tokens)
         return [
             WorkerSnapshot(
                 url=w.url,
@@ -71,9 +83,20 @@ class Router:
                 cached=matched.get(w.url, 0),
                 index_units=self.index_units(w.url),
                 pending_units=pending.get(w.url, 0),
+                prefill_tokens=prefill.get(w.url, 0.0),
+                prefill_pairs=pairs.get(w.url, 0.0),
+                prefilling=ledger.prefilling.get(w.url, 0),
+                kv_tokens=kv.get(w.url, 0.0),
+                output_tokens=output,
+                other_requests=w.other_requests,
+                other_kv_tokens=w.other_kv_tokens,
             )
             for w in workers
         ]
+
+    def expected_output_tokens(self, request: RouteRequest) -> float:
+        """What the router expects ``request`` to generate (learned from completions)."""
+        return self.ledger.outputs.expected(request.max_new_tokens)
 
     def index_key(self, request: RouteRequest) -> Key:
         """What the index stores for ``request``: its units, or its block digests."""
@@ -128,9 +151,15 @@ class Router:
         uncached = request.units - self.cached_for(request, chosen)
         self.policy.commit(decision)
         self.index.insert(self.index_key(request), chosen, now_ms)
-        self.in_flight[chosen] = self.in_flight.get(chosen, 0) + 1
-        self.pending_units[chosen] = self.pending_units.get(chosen, 0) + uncached
-        self._open[decision.decision_id] = (chosen, uncached, self.policy)
+        self.ledger.open(
+            decision.decision_id,
+            chosen,
+            uncached=uncached,
+            prompt_tokens=request.units * request.tokens_per_unit,
+            max_new_tokens=request.max_new_tokens,
+            tokens_per_unit=request.tokens_per_unit,
+        )
+        self._policy_of[decision.decision_id] = self.policy
 
     def route(
         self, request: RouteRequest, workers: Sequence[WorkerStatus], now_ms: float
@@ -139,22 +168,21 @@ class Router:
         self.commit(request, decision, now_ms)
         return decision
 
+    def first_token(self, decision_id: str) -> None:
+        """The worker sent the request's first token: its prefill is done."""
+        self.ledger.first_token(decision_id)
+
     def complete(self, decision: Decision, outcome: Outcome) -> Learned | None:
         """Close a routed request; a learning policy trains on its outcome."""
         if decision.decision_id in self._orphans:  # its worker is gone: nothing to update
             self._orphans.discard(decision.decision_id)
             return None
-        count = self.in_flight.get(decision.chosen, 0)
-        if count > 0:
-            self.in_flight[decision.chosen] = count - 1
-        opened = self._open.pop(decision.decision_id, None)
-        if opened is None:  # never committed here: only the current policy can judge it
+        self.ledger.close(decision.decision_id, outcome.output_tokens)
+        policy = self._policy_of.pop(decision.decision_id, None)
+        if policy is None:  # never committed here: only the current policy can judge it
             if decision.policy != self.policy.name:
                 return None
             return self.policy.complete(decision, outcome)
-        worker, units, policy = opened
-        if worker in self.pending_units:
-            self.pending_units[worker] = max(0, self.pending_units[worker] - units)
         # The policy that made the decision learns from it, even if it was swapped out since
         # (a swap that keeps the residual models hands them to the new policy).
         return policy.complete(decision, outcome)
@@ -175,11 +203,9 @@ class Router:
         so a late outcome neither trains a model for the removed worker back into existence
         nor miscounts the in-flight requests of a worker re-added under the same URL.
         """
-        orphans = [d for d, (worker, _, _) in self._open.items() if worker == url]
+        orphans = self.ledger.drop_worker(url)
         for decision_id in orphans:
-            del self._open[decision_id]
+            self._policy_of.pop(decision_id, None)
         self._orphans.update(orphans)
         self.index.remove_worker(url)
-        self.in_flight.pop(url, None)
-        self.pending_units.pop(url, None)
         self.policy.forget_worker(url)

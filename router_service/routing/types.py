@@ -24,6 +24,11 @@ __all__ = [
 ]
 
 
+# Characters per token of English text with Llama-style tokenizers (about 4): how the router
+# counts tokens of a text prompt it has not tokenized.
+CHARS_PER_TOKEN = 4.0
+
+
 class NoEligibleWorker(RuntimeError):
     """No worker can take the request (all unhealthy or none registered)."""
 
@@ -47,6 +52,14 @@ class RouteRequest:
     def units(self) -> int:
         return len(self.key)
 
+    @property
+    def tokens_per_unit(self) -> float:
+        """Tokens per routing unit: 1 for token ids; for text, ``1 / CHARS_PER_TOKEN`` unless
+        the prompt's token count is known."""
+        if self.prompt_tokens is not None and self.units:
+            return self.prompt_tokens / self.units
+        return 1.0 / CHARS_PER_TOKEN
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerStatus:
@@ -56,6 +69,10 @@ class WorkerStatus:
     healthy: bool = True
     reason: str | None = None
     queue_ms: float = 0.0
+    # Load in the worker that this router did not send (other replicas, direct clients), as
+    # the worker's own metrics last said (``router_service.worker_metrics``).
+    other_requests: float = 0.0
+    other_kv_tokens: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +87,16 @@ class WorkerSnapshot:
     cached: int
     index_units: int
     pending_units: int = 0
+    # The router's ledger of its requests in flight on the worker (``Router``): prompt tokens
+    # not yet prefilled (no first token seen), and the KV tokens the requests hold or will
+    # hold (prompt + expected output).
+    prefill_tokens: float = 0.0
+    prefill_pairs: float = 0.0  # their attention work (``ledger.attention_pairs``)
+    prefilling: int = 0  # requests among ``in_flight`` whose first token is not seen yet
+    kv_tokens: float = 0.0
+    output_tokens: float = 0.0  # what the router expects this request to generate
+    other_requests: float = 0.0  # ``WorkerStatus``'s: load this router did not send
+    other_kv_tokens: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +113,8 @@ class Candidate:
     residual_ms: float | None = None
     predicted_ms: float | None = None
     in_flight: int | None = None
+    impact_ms: float | None = None  # lbgr: what the request would cost the worker's others
+    cost_ms: float | None = None  # lbgr: what the argmin ranks (predicted + impact)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +126,8 @@ class Candidate:
             "residual_ms": self.residual_ms,
             "predicted_ms": self.predicted_ms,
             "in_flight": self.in_flight,
+            "impact_ms": self.impact_ms,
+            "cost_ms": self.cost_ms,
             "eligible": self.eligible,
             "reason": self.reason,
         }
@@ -152,6 +183,7 @@ class Outcome:
     latency_ms: float | None = None
     ttft_ms: float | None = None
     status: str = "ok"
+    output_tokens: int | None = None  # tokens generated, when the answer says
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,6 +80,7 @@ async def _flush(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     runtime, config = request.app[RUNTIME], request.app[CONFIG]
     stats, cache = runtime.cache.stats, runtime.cache
+    used = cache.protected_tokens + cache.reserved_tokens
     label = f'{{model_name="{config.model_name}"}}'
     rows = [
         ("sglang:prompt_tokens_total", "counter", "Prompt tokens", stats.prompt_tokens),
@@ -98,11 +99,16 @@ async def _metrics(request: web.Request) -> web.Response:
         ("sglang:num_requests_total", "counter", "Requests", runtime.requests_total),
         ("sglang:num_running_reqs", "gauge", "Running requests", runtime.running),
         ("sglang:num_queue_reqs", "gauge", "Queued requests", runtime.queued),
+        # SGLang's meaning: KV held by requests in the worker (locked prompts and the room
+        # reserved for their outputs), not the evictable rest of the prefix cache.
+        ("sglang:num_used_tokens", "gauge", "KV tokens in use", used),
+        ("sglang:max_total_num_tokens", "gauge", "KV pool size in tokens", cache.capacity_tokens),
+        ("sglang:token_usage", "gauge", "KV token usage", used / cache.capacity_tokens),
         (
-            "sglang:token_usage",
+            "kvroute_emulator_tree_tokens",
             "gauge",
-            "KV token usage",
-            (cache.total_tokens + cache.reserved_tokens) / cache.capacity_tokens,
+            "Tokens in the prefix cache, evictable ones included",
+            cache.total_tokens,
         ),
         ("sglang:cache_hit_rate", "gauge", "Prefix cache hit rate", stats.hit_rate),
         ("sglang:evicted_tokens_total", "counter", "Tokens evicted", stats.evicted_tokens),

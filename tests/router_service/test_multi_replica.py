@@ -106,7 +106,10 @@ def replicas(routers: Callable[..., RouterServer], cluster_name: str) -> Replica
     ``first``, the next letter, ... of one cluster, sharing one Redis."""
 
     def make(n: int, redis_url: str, first: str = "a", **settings: Any) -> list[RouterServer]:
-        shared = {"redis_url": redis_url, "cluster": cluster_name, "policy": "lbgr", **settings}
+        # lbgr_paper: its queue is the shared decayed load these tests watch (lbgr's default
+        # estimate counts other replicas' load through the workers' /metrics instead).
+        policy = {"policy": "lbgr_paper"}
+        shared = {"redis_url": redis_url, "cluster": cluster_name, **policy, **settings}
         return [routers(**shared, replica_id=chr(ord(first) + i)) for i in range(n)]
 
     return make

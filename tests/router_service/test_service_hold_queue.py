@@ -19,7 +19,7 @@ from router_harness import RouterServer, wait_until
 
 from router_service.relay import Flight
 from router_service.request_parsing import parse_body
-from router_service.routing import HoldSettings
+from router_service.routing import HoldSettings, Router, make_policy
 
 
 def _send_all(router: RouterServer, bodies: list[dict[str, Any]], stagger_s: float) -> list[Any]:
@@ -234,9 +234,11 @@ def _flight(body: dict[str, Any], kind: str = "generate") -> tuple[Flight, _Queu
     queue = _Queue()
     parsed = parse_body(body, kind, "r1")
     flight = Flight(
-        state=SimpleNamespace(queue=queue),  # type: ignore[arg-type]
+        state=SimpleNamespace(  # type: ignore[arg-type]
+            queue=queue, router=Router(make_policy("round_robin"))
+        ),
         parsed=parsed,
-        decision=SimpleNamespace(chosen="http://w"),  # type: ignore[arg-type]
+        decision=SimpleNamespace(chosen="http://w", decision_id="r1"),  # type: ignore[arg-type]
         reservation=None,
         queue_slot=True,
     )

@@ -71,10 +71,10 @@ def test_documented_metrics_are_exposed_after_traffic(
         dict(labels).get("role") for (name, labels) in samples if name == "kvroute_residual_mae_ms"
     }
     assert roles == {"champion", "challenger"}
-    # lbgr's default ewmean learned a residual for the worker that served the requests.
+    # lbgr's default ratio learned a latency factor for the worker that served the requests.
     assert (
         "kvroute_residual_learned",
-        (("quantity", "residual_ms"), ("role", "champion"), ("worker", chosen)),
+        (("quantity", "factor"), ("role", "champion"), ("worker", chosen)),
     ) in samples
 
 

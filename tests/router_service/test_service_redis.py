@@ -49,6 +49,7 @@ def test_load_reserved_on_one_replica_is_seen_by_another(
     w1, w2 = workers("w1", delay_s=1.0), workers("w2")
     urls = [w1.url, w2.url]
     shared = {"worker_urls": urls, "redis_url": redis_server.url, "cluster": cluster_name}
+    shared["policy"] = "lbgr_paper"  # its queue is the shared decayed load
     replica_a = routers(**shared, replica_id="a")
     replica_b = routers(**shared, replica_id="b")
     elsewhere = routers(**{**shared, "cluster": cluster_name + "-other"}, replica_id="c")

@@ -6,7 +6,7 @@ from router_service.routing.policies.cache_aware import (
     CacheAwarePolicy,
     CacheAwareSettings,
 )
-from router_service.routing.policies.lbgr import LBGRPolicy
+from router_service.routing.policies.lbgr import LBGRPolicy, lbgr_paper
 
 __all__ = [
     "CACHE_AWARE_PRESETS",
@@ -28,3 +28,4 @@ def register_builtins() -> None:
     register_policy("power_of_two", PowerOfTwoPolicy)
     register_policy("cache_aware", CacheAwarePolicy)
     register_policy("lbgr", LBGRPolicy)
+    register_policy("lbgr_paper", lbgr_paper)

@@ -1,11 +1,49 @@
-"""``lbgr``: the paper's learning-based greedy routing (DESIGN 3.1).
+"""``lbgr``: learning-based greedy routing on predicted end-to-end latency.
 
-For every healthy worker: ``base = max(1, a + b_c * cached/1000 + b_u * uncached/1000)`` ms,
-``pred = max(1, base + alpha * queue + residual)``; the argmin wins, and a worker must beat
-the incumbent by more than ``margin_ms`` to take over (ties keep the first). The chosen
-worker's load is reserved by ``base``. On completion the worker's residual model learns
-``max(1, latency - (base + alpha * queue_at_route))``. Defaults are the paper code's
-(``sgl-router/src/router.rs``: a = 0, b_c = 0, b_u = 1000, alpha = 1).
+For every healthy worker the policy predicts the request's latency there as an estimate plus
+a residual that a model learns online (one model per worker); the argmin wins, and a worker
+must beat the incumbent by more than ``margin_ms`` to take over (ties keep the first).
+
+Two estimates (``estimate``):
+
+- ``"service"`` (the default): a service model of the worker's batch, fed by the router's
+  ledger of its requests in flight (``router_service.routing.ledger``). With ``u`` the
+  request's uncached prompt tokens on the worker (after ``c`` cached), ``n`` its prompt
+  tokens, ``o`` the output it is expected to generate, and for the worker ``Q`` the prompt
+  tokens still to prefill ahead of it (``Q2`` their attention pairs), ``K`` the KV tokens its
+  requests hold or will hold and ``B`` their number (both with the load the worker's metrics
+  show beyond this router's, ``router_service.worker_metrics``)::
+
+      wait    = P * Q + A * Q2 + o * (D_kv * K + D_seq * B)                  (queue_ms)
+      own     = P * u + A * u (c + u/2) + o * (D_0 + D_kv * (n + o/2) + D_seq)   (base_ms)
+      predict = own + alpha * wait + residual                             (predicted_ms)
+      impact  = impact * (P * u + A * u (c + u/2)) * (B + N)              (impact_ms)
+      cost    = predict + impact                                          (cost_ms)
+
+  i.e. time to first token (the prefills ahead, then its own, linear layers and attention)
+  plus ``o`` decode steps whose length grows with the batch's KV and size. The argmin ranks
+  ``cost``: the predicted latency plus what the request's prefill costs others (``impact``).
+  Prefill runs first, so it stalls the ``B`` requests in the worker, and the requests that
+  arrive while the worker works it off, counted as ``N``, the fleet's mean requests per
+  worker: few at low load, many near saturation. Greedy on its own latency alone, a request
+  takes a cache miss on an idler worker whenever the miss is cheaper *for it*; near
+  saturation that extra work is what queues everyone else, and the fleet's hit rate and
+  capacity fall (``docs/design.md``, *Routing*). A long answer weighs the decode load of each
+  worker; a short one (the paper's GSP, 4 tokens) weighs cache hits and the prefill backlog.
+  The constants are a prior (SGLang serving Llama-3.1-8B on an L40: ``sim/profiles.py``);
+  the default residual ``ratio`` learns each worker's latency as a multiple of the estimate,
+  so a faster or slower worker scales its prediction without changing the ranking's shape.
+- ``"paper"``: the paper's (``lbgr_paper``): ``base = max(1, a + b_c * cached / 1000 +
+  b_u * uncached / 1000)`` ms, ``pred = max(1, base + alpha * queue + residual)``, where
+  ``queue`` is the decayed load (31/32 per 20 ms) of the base reserved by each routed request.
+  Defaults are the paper code's (``sgl-router/src/router.rs``: a = 0, b_c = 0, b_u = 1000,
+  alpha = 1), with ``ewmean`` at the forgetting factor it passes (0.992, ``lib.rs``).
+
+Either way the chosen worker's decayed load is reserved by ``base`` (shared with other
+replicas through Redis), and on completion the worker's residual model learns
+``max(1, latency - (base + alpha * queue))``, or the residual unfloored for a signed model
+(``ratio``, which can then learn that a worker is faster than the estimate).
+``docs/design.md`` says why the default changed.
 """
 
 from __future__ import annotations
@@ -16,6 +54,7 @@ from typing import Any
 
 from models import ModelSlot, ModelSpec
 from router_service.routing.features import residual_features
+from router_service.routing.ledger import attention_pairs
 from router_service.routing.policy import PAPER_INDEX, eligible, ineligible_candidate, number
 from router_service.routing.types import (
     Candidate,
@@ -27,9 +66,12 @@ from router_service.routing.types import (
     WorkerSnapshot,
 )
 
-__all__ = ["LBGRPolicy"]
+__all__ = ["ESTIMATES", "PAPER_MODEL", "LBGRPolicy", "lbgr_paper"]
 
 _NO_FEATURES: dict[str, float] = {}
+ESTIMATES = ("service", "paper")
+# The paper's residual: RLS on a bias with lambda = 0.992 and P0 = 1e6, as lib.rs passes them.
+PAPER_MODEL = {"kind": "ewmean", "params": {"forgetting": 0.992, "p0": 1e6}}
 
 
 class LBGRPolicy:
@@ -41,26 +83,82 @@ class LBGRPolicy:
     def __init__(
         self,
         rng: random.Random,
-        model: str | Mapping[str, Any] | ModelSpec = "ewmean",
+        model: str | Mapping[str, Any] | ModelSpec = "ratio",
+        estimate: str = "service",
         a_ms: float = 0.0,
         b_cached_ms: float = 0.0,
         b_uncached_ms: float = 1000.0,
         alpha: float = 1.0,
+        prefill_ms_per_token: float = 0.114,
+        attention_ms_per_pair: float = 5.5e-6,
+        decode_step_ms: float = 25.5,
+        decode_ms_per_kv_token: float = 0.0002,
+        decode_ms_per_seq: float = 0.04,
+        impact: float = 1.0,
         margin_ms: float = 1.0,
         sharing: str = "per_worker",
     ) -> None:
+        if estimate not in ESTIMATES:
+            raise ValueError(f"unknown estimate {estimate!r}; known: {', '.join(ESTIMATES)}")
+        self.estimate = estimate
         self.a_ms = number("a_ms", a_ms)
         self.b_cached_ms = number("b_cached_ms", b_cached_ms)
         self.b_uncached_ms = number("b_uncached_ms", b_uncached_ms)
         self.alpha = number("alpha", alpha)
+        self.prefill_ms_per_token = number("prefill_ms_per_token", prefill_ms_per_token)
+        self.attention_ms_per_pair = number("attention_ms_per_pair", attention_ms_per_pair)
+        self.decode_step_ms = number("decode_step_ms", decode_step_ms)
+        self.decode_ms_per_kv_token = number("decode_ms_per_kv_token", decode_ms_per_kv_token)
+        self.decode_ms_per_seq = number("decode_ms_per_seq", decode_ms_per_seq)
         self.margin_ms = number("margin_ms", margin_ms)
+        self.impact = number("impact", impact)
+        if estimate == "service":
+            for name in (
+                "prefill_ms_per_token",
+                "attention_ms_per_pair",
+                "decode_step_ms",
+                "decode_ms_per_kv_token",
+                "decode_ms_per_seq",
+            ):
+                if getattr(self, name) < 0:
+                    raise ValueError(f"{name} must be >= 0")
         self.models = ModelSlot(model, sharing=sharing)
 
     def base_ms(self, cached: int, uncached: int) -> float:
+        """The paper's base: ms for ``cached`` and ``uncached`` units."""
         return max(
             1.0,
             self.a_ms + self.b_cached_ms * cached / 1000.0 + self.b_uncached_ms * uncached / 1000.0,
         )
+
+    def _estimate(
+        self, request: RouteRequest, w: WorkerSnapshot, fleet: float = 0.0
+    ) -> tuple[float, float, float]:
+        """(base_ms, queue_ms, impact_ms) of ``request`` on worker ``w``."""
+        total = request.units
+        if self.estimate == "paper":
+            return self.base_ms(w.cached, total - w.cached), w.queue_ms, 0.0
+        per_unit = request.tokens_per_unit
+        cached, uncached = w.cached * per_unit, (total - w.cached) * per_unit
+        output = w.output_tokens
+        prefill, attention = self.prefill_ms_per_token, self.attention_ms_per_pair
+        kv, seq = self.decode_ms_per_kv_token, self.decode_ms_per_seq
+        own_prefill = prefill * uncached + attention * attention_pairs(cached, uncached)
+        own = own_prefill + output * (
+            self.decode_step_ms + kv * (total * per_unit + output / 2.0) + seq
+        )
+        batch = w.in_flight + w.other_requests
+        wait = (
+            prefill * w.prefill_tokens
+            + attention * w.prefill_pairs
+            + output * (kv * (w.kv_tokens + w.other_kv_tokens) + seq * batch)
+        )
+        # What the request costs the others: its prefill stalls every request in the worker
+        # (SGLang runs prefill first), and the requests that arrive while the worker works it
+        # off, counted as the fleet's mean requests per worker (few at low load, many near
+        # saturation: M/M/1's mean number in system, rho / (1 - rho)).
+        impact = self.impact * own_prefill * (batch + fleet)
+        return max(1.0, own), wait, impact
 
     def decide(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> Decision:
         eligible(workers)
@@ -70,28 +168,33 @@ class LBGRPolicy:
         candidates: list[Candidate] = []
         models = self.models
         with_features = models.needs_features  # ewmean/none ignore them: skip the dicts
+        loads = [w.in_flight + w.other_requests for w in workers if w.healthy]
+        fleet = sum(loads) / len(loads) if loads else 0.0
         for w in workers:
             if not w.healthy:
                 candidates.append(ineligible_candidate(w))
                 continue
-            base = self.base_ms(w.cached, total - w.cached)
-            estimate = base + self.alpha * w.queue_ms
+            base, queue, impact = self._estimate(request, w, fleet)
+            estimate = base + self.alpha * queue
             features = residual_features(request, w, estimate) if with_features else _NO_FEATURES
             residual = models.predict(w.url, features)
             predicted = max(1.0, estimate + residual)
+            cost = predicted + impact
             cand = Candidate(
                 worker=w.url,
                 eligible=True,
                 cached=w.cached,
                 uncached=total - w.cached,
                 base_ms=base,
-                queue_ms=w.queue_ms,
+                queue_ms=queue,
                 residual_ms=residual,
                 predicted_ms=predicted,
                 in_flight=w.in_flight,
+                impact_ms=impact,
+                cost_ms=cost,
             )
             candidates.append(cand)
-            if best is None or predicted < best.predicted_ms - self.margin_ms:  # type: ignore[operator]
+            if best is None or cost < best.cost_ms - self.margin_ms:  # type: ignore[operator]
                 best, best_features = cand, features
         assert best is not None  # eligible() raised otherwise
         return Decision(
@@ -115,9 +218,20 @@ class LBGRPolicy:
         cand = decision.candidate(decision.chosen)
         assert cand.base_ms is not None
         assert cand.queue_ms is not None
-        target = max(1.0, outcome.latency_ms - (cand.base_ms + self.alpha * cand.queue_ms))
+        target = outcome.latency_ms - (cand.base_ms + self.alpha * cand.queue_ms)
+        if not self.models.signed_for(decision.chosen):
+            target = max(1.0, target)  # the paper's floor
         error = self.models.learn(decision.chosen, decision.features or {}, target)
         return Learned(residual_target_ms=target, model_error_ms=error)
 
     def forget_worker(self, url: str) -> None:
         self.models.forget_worker(url)
+
+
+def lbgr_paper(rng: random.Random, **params: Any) -> LBGRPolicy:
+    """The paper's LBGR exactly: its estimate, constants and residual (``lbgr_paper``)."""
+    params.setdefault("model", PAPER_MODEL)
+    params.setdefault("estimate", "paper")
+    policy = LBGRPolicy(rng, **params)
+    policy.name = "lbgr_paper"
+    return policy

@@ -27,6 +27,9 @@ EXTRA_MS = {"http://a": 400.0, "http://b": 20.0, "http://c": 20.0}  # what base 
 
 
 def lbgr(**params: object) -> LBGRPolicy:
+    """LBGR on the paper's estimate: these tests are about the residual models, and the
+    paper's estimate is the simplest one to reason about (latency = base + queue + extra)."""
+    params.setdefault("estimate", "paper")
     policy = make_policy("lbgr", random.Random(0), **params)
     assert isinstance(policy, LBGRPolicy)
     return policy

@@ -278,11 +278,32 @@ def test_cache_aware_overrides_and_validation() -> None:
         make_policy("cache_aware", cache_threshold=1.5)
 
 
-# -- lbgr -------------------------------------------------------------------------------------
+# -- lbgr_paper: the paper's estimate, exactly ------------------------------------------------
+# (lbgr's default service estimate: tests/router_service/routing/test_lbgr_service.py)
 def lbgr(**params: object) -> LBGRPolicy:
-    policy = make_policy("lbgr", random.Random(0), **params)
+    policy = make_policy("lbgr_paper", random.Random(0), **params)
     assert isinstance(policy, LBGRPolicy)
     return policy
+
+
+def test_lbgr_paper_is_the_papers_estimate_and_residual() -> None:
+    policy = lbgr()
+    assert (policy.name, policy.estimate) == ("lbgr_paper", "paper")
+    assert (policy.a_ms, policy.b_cached_ms, policy.b_uncached_ms, policy.alpha) == (
+        0.0,
+        0.0,
+        1000.0,
+        1.0,
+    )
+    model = policy.models.champion._default
+    assert (type(model).__name__, model.forgetting, model.p0) == ("EWMeanResidual", 0.992, 1e6)
+    default = make_policy("lbgr", random.Random(0))
+    assert isinstance(default, LBGRPolicy)
+    assert (default.name, default.estimate, default.models.kind_for("w")) == (
+        "lbgr",
+        "service",
+        "ratio",
+    )
 
 
 def test_lbgr_base_ms_formula() -> None:
@@ -396,3 +417,4 @@ def test_decisions_explain_themselves_with_every_design_field() -> None:
         assert fields <= cand.keys()
     assert data["candidates"][1]["base_ms"] is None  # unused fields are present and null
     assert data["model"] == {"kind": "ewmean", "version": 1}
+    assert data["policy"] == "lbgr_paper"

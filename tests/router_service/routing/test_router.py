@@ -56,7 +56,7 @@ def test_decide_changes_nothing_and_commit_records_the_decision() -> None:
 
 
 def test_complete_decrements_in_flight_and_trains_the_policy() -> None:
-    router = Router(make_policy("lbgr", random.Random(0)))
+    router = Router(make_policy("lbgr_paper", random.Random(0)))
     decision = router.route(req("x" * 100, "r1"), [WorkerStatus(W0)], now_ms=0)
     assert decision.candidate(W0).residual_ms == 0.0
     learned = router.complete(decision, Outcome(True, latency_ms=300.0))

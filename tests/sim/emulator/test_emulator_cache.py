@@ -65,10 +65,11 @@ def test_flush_cache_empties_it(emulator: Callable[..., EmulatorServer]) -> None
     server = emulator(time_scale=50.0)
     generate(server, A)
     assert generate(server, A)["cached_tokens"] == 119
-    assert server.metrics()["sglang:token_usage"] > 0
+    assert server.metrics()["kvroute_emulator_tree_tokens"] > 0
+    assert server.metrics()["sglang:num_used_tokens"] == 0  # nothing is running
     status, text = server.post("/flush_cache", {})
     assert status == 200, text
-    assert server.metrics()["sglang:token_usage"] == 0
+    assert server.metrics()["kvroute_emulator_tree_tokens"] == 0
     assert generate(server, A)["cached_tokens"] == 0
     # Counters are cumulative (Prometheus counters never go down on a flush).
     assert server.metrics()["sglang:cached_tokens_total"] == 119

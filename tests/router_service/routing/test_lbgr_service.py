@@ -1,0 +1,189 @@
+"""lbgr's default: the service estimate on the router's ledger of requests in flight.
+
+The ledger counts what each worker still holds (prefill backlog, KV, requests) until the
+request completes; the estimate turns it into time to first token plus decode time, and the
+impact term prices what a request's prefill costs the requests already in the worker.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from router_service.routing import (
+    LBGRPolicy,
+    Outcome,
+    Router,
+    RouteRequest,
+    WorkerSnapshot,
+    WorkerStatus,
+    make_policy,
+)
+from router_service.routing.ledger import Ledger, OutputEstimate, attention_pairs
+
+A, B = "http://a", "http://b"
+BOTH = [WorkerStatus(A), WorkerStatus(B)]
+
+
+def lbgr(**params: object) -> LBGRPolicy:
+    params.setdefault("model", "none")  # the estimate alone, unless a test says otherwise
+    policy = make_policy("lbgr", random.Random(0), **params)
+    assert isinstance(policy, LBGRPolicy)
+    return policy
+
+
+def ids(n: int, start: int = 0) -> str:
+    """A prompt of ``n`` token ids (the router's key for ``input_ids``)."""
+    return "".join(chr(0x100 + start + i) for i in range(n))
+
+
+def req(rid: str, prompt: str, max_new: int | None) -> RouteRequest:
+    return RouteRequest(rid, prompt, prompt_tokens=len(prompt), max_new_tokens=max_new)
+
+
+def snap(url: str, **fields: float) -> WorkerSnapshot:
+    values: dict[str, float] = {"queue_ms": 0.0, "in_flight": 0, "cached": 0, "index_units": 0}
+    values.update(fields)
+    return WorkerSnapshot(url, True, None, **values)  # type: ignore[arg-type]
+
+
+# -- the ledger -------------------------------------------------------------------------------
+def test_the_ledger_counts_a_request_until_it_completes() -> None:
+    ledger = Ledger()
+    ledger.open("r1", A, uncached=600, prompt_tokens=1000, max_new_tokens=100)
+    ledger.open("r2", A, uncached=1000, prompt_tokens=1000, max_new_tokens=300)
+    assert ledger.in_flight[A] == 2
+    assert ledger.prefill_tokens[A] == 1600
+    assert ledger.prefill_pairs[A] == attention_pairs(400, 600) + attention_pairs(0, 1000)
+    assert ledger.kv_tokens[A] == 1100 + 1300
+    ledger.first_token("r1")
+    ledger.first_token("r1")  # twice changes nothing
+    assert ledger.prefill_tokens[A] == 1000
+    assert ledger.close("r2") == A  # no first token seen: its prefill leaves now
+    assert ledger.close("r2") is None  # and only once
+    assert (ledger.prefill_tokens[A], ledger.kv_tokens[A], ledger.in_flight[A]) == (0, 1100, 1)
+    assert ledger.drop_worker(A) == ["r1"]
+    assert A not in ledger.kv_tokens
+
+
+def test_text_prompts_count_tokens_at_four_characters_each() -> None:
+    router = Router(lbgr())
+    text = RouteRequest("t1", "x" * 4000, max_new_tokens=10)  # no token count: text
+    assert text.tokens_per_unit == 0.25
+    decision = router.route(text, [WorkerStatus(A)], now_ms=0)
+    assert router.ledger.prefill_tokens[A] == 1000
+    assert router.ledger.kv_tokens[A] == 1010
+    assert decision.candidate(A).uncached == 4000  # the breakdown keeps routing units
+
+
+def test_output_lengths_are_learned_from_completions() -> None:
+    estimate = OutputEstimate(weight=0.1)
+    assert estimate.expected(500) == 500  # a cap taken at its word until told otherwise
+    for _ in range(100):
+        estimate.observe(500, 50)  # clients ask for 500, get 50
+        estimate.observe(None, 80)
+    assert estimate.expected(500) == pytest.approx(50, rel=0.01)
+    assert estimate.expected(None) == pytest.approx(65, rel=0.05)
+    # The router feeds it: outcomes carry the tokens generated.
+    router = Router(lbgr())
+    for i in range(300):
+        d = router.route(req(f"r{i}", ids(10, i), 1000), [WorkerStatus(A)], now_ms=i)
+        router.complete(d, Outcome(True, 100.0, 10.0, output_tokens=100))
+    assert router.expected_output_tokens(req("x", ids(10), 1000)) == pytest.approx(100, rel=0.05)
+
+
+# -- the estimate -----------------------------------------------------------------------------
+def test_the_estimate_is_time_to_first_token_plus_decode() -> None:
+    policy = lbgr(impact=0.0)
+    p, a = policy.prefill_ms_per_token, policy.attention_ms_per_pair
+    d0, dkv, dseq = policy.decode_step_ms, policy.decode_ms_per_kv_token, policy.decode_ms_per_seq
+    request = req("r", ids(1000), 50)
+    worker = snap(
+        A,
+        cached=400,
+        prefill_tokens=2000,
+        prefill_pairs=1e6,
+        kv_tokens=8000,
+        in_flight=3,
+        output_tokens=50,
+    )
+    cand = policy.decide(request, [worker]).candidate(A)
+    own = p * 600 + a * attention_pairs(400, 600) + 50 * (d0 + dkv * (1000 + 25) + dseq)
+    wait = p * 2000 + a * 1e6 + 50 * (dkv * 8000 + dseq * 3)
+    assert cand.base_ms == pytest.approx(own)
+    assert cand.queue_ms == pytest.approx(wait)
+    assert cand.predicted_ms == pytest.approx(own + wait)
+    assert (cand.impact_ms, cand.cost_ms) == (0.0, pytest.approx(own + wait))
+
+
+def test_a_long_answer_avoids_the_worker_busy_decoding_and_a_short_one_takes_its_cache() -> None:
+    """The collapse the paper's estimate had on long answers: it prices prompt tokens only,
+    so a worker decoding many long answers looked as free as an idle one. The service
+    estimate counts them."""
+    policy = lbgr()
+    prompt = ids(4000)
+    busy = snap(B, in_flight=40, kv_tokens=120_000)
+    light = snap(A, in_flight=10, kv_tokens=30_000)
+    long_answer = req("long", prompt, 500)
+    workers = [replace(w, output_tokens=500.0) for w in (busy, light)]
+    assert policy.decide(long_answer, workers).chosen == A
+    paper = make_policy("lbgr_paper", random.Random(0))
+    assert paper.decide(long_answer, workers).chosen == B  # a tie for it: the first wins
+    # A short answer whose prompt the busy worker caches takes the cache: 4 decode steps in
+    # a slow batch cost less than prefilling 3,500 tokens again (and stalling 10 others).
+    short_answer = req("short", prompt, 4)
+    workers = [replace(w, output_tokens=4.0) for w in (replace(busy, cached=3500), light)]
+    assert policy.decide(short_answer, workers).chosen == B
+
+
+def test_the_prefill_backlog_counts_until_the_first_token() -> None:
+    router = Router(lbgr())
+    big = req("big", ids(8000), 4)
+    first = router.route(big, BOTH, now_ms=0)
+    other = B if first.chosen == A else A
+    # While the big prefill is pending on its worker, the next request goes to the other.
+    assert router.route(req("n1", ids(500, 9000), 4), BOTH, now_ms=1).chosen == other
+    router.first_token(first.decision_id)
+    assert router.ledger.prefill_tokens[first.chosen] == 0
+
+
+def test_a_miss_costs_the_requests_in_the_worker_and_those_to_come() -> None:
+    policy = lbgr()
+    p, a = policy.prefill_ms_per_token, policy.attention_ms_per_pair
+    request = req("r", ids(4000), 4)
+    idle = [replace(w, output_tokens=4.0) for w in (snap(A), snap(B))]
+    assert policy.decide(request, idle).candidate(A).impact_ms == 0.0  # nobody waits
+    # The cached worker has six requests in it and 4,000 tokens to prefill; the other is
+    # idle. Greedy on its own latency, the request takes the idle worker and prefills its
+    # 4,000 tokens again there; priced, that prefill holds up as many requests as a worker
+    # of the fleet holds on average (three), more than the hit's shorter one holds up six.
+    hit = snap(A, cached=3000, in_flight=6, prefill_tokens=4000)
+    miss = snap(B)
+    workers = [replace(w, output_tokens=4.0) for w in (hit, miss)]
+    greedy = lbgr(impact=0.0).decide(request, workers)
+    priced = policy.decide(request, workers)
+    assert greedy.chosen == B
+    assert priced.chosen == A
+    miss_prefill = p * 4000 + a * attention_pairs(0, 4000)
+    hit_prefill = p * 1000 + a * attention_pairs(3000, 1000)
+    assert priced.candidate(B).impact_ms == pytest.approx(miss_prefill * (0 + 3))
+    assert priced.candidate(A).impact_ms == pytest.approx(hit_prefill * (6 + 3))
+
+
+def test_load_the_router_did_not_send_counts_as_its_own() -> None:
+    router = Router(lbgr())
+    request = req("r", ids(1000), 300)
+    statuses = [WorkerStatus(A, other_requests=30, other_kv_tokens=90_000), WorkerStatus(B)]
+    decision = router.route(request, statuses, now_ms=0)
+    assert decision.chosen == B
+    assert decision.candidate(A).queue_ms > decision.candidate(B).queue_ms
+
+
+@pytest.mark.parametrize(
+    "bad", [{"estimate": "guess"}, {"prefill_ms_per_token": -1.0}, {"impact": "2"}]
+)
+def test_bad_parameters_are_refused_naming_them(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        make_policy("lbgr", random.Random(0), **bad)

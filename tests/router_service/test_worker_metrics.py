@@ -1,0 +1,136 @@
+"""The router reads workers' own load from their ``/metrics``: real emulated workers (the same
+gauges SGLang exports), real HTTP, requests the router did not send."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from router_harness import RouterServer, free_port, wait_until
+
+from router_service.worker_metrics import parse_load
+
+
+class Emulator:
+    """A ``kvroute emulate`` process (10x faster than real time)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kvroute",
+                "emulate",
+                "--port",
+                str(self.port),
+                "--time-scale",
+                "10",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def up(self) -> bool:
+        assert self.proc.poll() is None, "emulator exited"
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=1) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def emulators() -> Iterator[Callable[[int], list[Emulator]]]:
+    started: list[Emulator] = []
+
+    def make(n: int) -> list[Emulator]:
+        pool = [Emulator() for _ in range(n)]
+        started.extend(pool)
+        for e in pool:
+            assert wait_until(e.up, 90, 0.1)
+        return pool
+
+    yield make
+    for e in started:
+        e.stop()
+
+
+def _long_request(worker: str, tokens: int, done: threading.Event) -> None:
+    body = {"input_ids": list(range(1, 2001)), "sampling_params": {"max_new_tokens": tokens}}
+    body["sampling_params"]["ignore_eos"] = True
+    with httpx.Client(timeout=120) as client:
+        client.post(worker + "/generate", json=body)
+    done.set()
+
+
+@pytest.mark.slow
+def test_load_sent_around_the_router_shows_in_its_view_and_in_routing(
+    routers: Callable[..., RouterServer], emulators: Callable[[int], list[Emulator]]
+) -> None:
+    busy, idle = emulators(2)
+    text = httpx.get(busy.url + "/metrics").text
+    load = parse_load(text)
+    assert load is not None
+    assert (load.requests, load.kv_tokens) == (0.0, 0.0)
+    router = routers(worker_urls=[busy.url, idle.url], worker_metrics_s=0.1)
+    # Six long answers sent to one worker directly, past the router.
+    events = [threading.Event() for _ in range(6)]
+    for done in events:
+        threading.Thread(target=_long_request, args=(busy.url, 3000, done), daemon=True).start()
+
+    def seen() -> dict[str, Any]:
+        listed = router.client.get("/workers").json()["workers"]
+        view: dict[str, Any] = next(w for w in listed if w["url"] == busy.url)
+        return view
+
+    assert wait_until(lambda: seen()["other_requests"] >= 6, 20, 0.05), seen()
+    view = seen()
+    assert view["in_flight"] == 0  # none of them is the router's own
+    assert view["other_kv_tokens"] >= 6 * 2000  # their prompts are in the worker's KV
+    # A long answer routed now goes to the worker that is not decoding six others.
+    body = {
+        "input_ids": list(range(5000, 5500)),
+        "sampling_params": {"max_new_tokens": 500, "ignore_eos": True},
+    }
+    explained = router.client.post("/explain", json=body).json()
+    lines = {c["worker"]: c for c in explained["candidates"]}
+    assert explained["chosen"] == idle.url
+    assert lines[busy.url]["queue_ms"] > lines[idle.url]["queue_ms"]
+    for done in events:
+        assert done.wait(120)
+    # Once they are done the worker reports nothing beyond the router's own again.
+    assert wait_until(lambda: seen()["other_requests"] == 0, 20, 0.05), seen()
+
+
+def test_a_worker_without_load_metrics_counts_as_nothing_beyond_the_router(
+    routers: Callable[..., RouterServer], workers: Callable[..., Any]
+) -> None:
+    """A worker whose /metrics is missing or foreign (the fake worker has none) is routed on
+    the router's ledger alone, and /health is not affected."""
+    w = workers("w")
+    router = routers(worker_urls=[w.url], worker_metrics_s=0.05)
+    assert router.client.post("/generate", json={"text": "hello"}).status_code == 200
+    listed = router.client.get("/workers").json()["workers"][0]
+    assert (listed["other_requests"], listed["other_kv_tokens"]) == (0.0, 0.0)
+    assert router.client.get("/health").json()["status"] == "ok"
