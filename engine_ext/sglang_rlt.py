@@ -7,9 +7,12 @@ cache's ``RLTEviction`` (marking phases, the phase rules of ``evict``, the batch
 leaf registry) runs unchanged on SGLang's tree through ``_SGLangTree``, a small view that
 offers what it reads and calls. What is SGLang-specific lives in this module:
 
-- marking: every match (``_match_prefix_helper``, so also ``touch_prefix``) and every insert
-  (``_insert_helper``) marks its path; nodes carry ``mark_phase`` as the reference nodes do,
-  and a split copies it to the new upper node;
+- marking: every insert (``_insert_helper``) marks its path, and every match
+  (``_match_prefix_helper``, so also ``touch_prefix``) does what the reference cache's
+  ``marking`` says: marks its path (``"path"``, the default) or only the node it splits off
+  (``"split"``, the paper's rule; ``--radix-eviction-policy-config {"marking": "split"}``);
+  nodes carry ``mark_phase`` as the reference nodes do, and a split copies it to the new
+  upper node;
 - the leaf registry: the reference cache's ``LeafRegistry`` (``leaf_registry``), kept up to
   date by the tree hooks (a new leaf joins, a leaf that gets a child or is deleted leaves,
   ``inc_lock_ref`` / ``dec_lock_ref`` record locks), so candidates, sizes and trims are
@@ -62,7 +65,7 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 from sglang.srt.mem_cache.utils import compute_node_event_hash_values, compute_node_hash_values
 
-from engine_ext.cache import kernels
+from engine_ext.cache import MARKINGS, kernels
 from engine_ext.cache.leaf_registry import LOCKED, LeafRegistry
 from engine_ext.cache.rlt import RLTEviction
 
@@ -83,7 +86,7 @@ SUPPORTED_SGLANG_SERIES = "0.5"
 SEED_ENV_VAR = "KVROUTE_RLT_SEED"
 # Keys of --radix-eviction-policy-config that this backend reads (SGLang's own knob for
 # eviction tuning); any other key is refused rather than silently ignored.
-CONFIG_KEYS = ("seed", "log_every")
+CONFIG_KEYS = ("seed", "log_every", "marking")
 _DEFAULT_LOG_EVERY = 1000
 _MIN_ARENA = 2048  # tokens: the arena holds at least twice this (``_pack_arena``)
 # On a GPU arena (torch): up to this many runs to free, a slice each; more, one index.
@@ -217,12 +220,15 @@ class _SGLangTree:
     the plugin's leaf registry and its arena. Trims and deletions queue the runs of arena
     positions they free; ``RLTRadixCache.evict`` frees them all at once."""
 
-    __slots__ = ("cache", "capacity_tokens", "leaves", "page_size", "runs")
+    __slots__ = ("cache", "capacity_tokens", "leaves", "marking", "page_size", "runs")
 
-    def __init__(self, cache: RLTRadixCache, capacity_tokens: int, page_size: int) -> None:
+    def __init__(
+        self, cache: RLTRadixCache, capacity_tokens: int, page_size: int, marking: str
+    ) -> None:
         self.cache = cache
         self.capacity_tokens = capacity_tokens
         self.page_size = page_size
+        self.marking = marking
         self.leaves = _Leaves(page_size)
         # Arena runs to free: (starts, lengths, their sum), arrays or lists; on a
         # CPU arena none (they are copied out at once: RLTRadixCache._queue_runs).
@@ -291,7 +297,8 @@ class RLTRadixCache(RadixCache):
 
     ``capacity_tokens`` is the RLT capacity C (default: the KV pool's size, as the paper's
     SGLang fork uses); ``seed`` seeds the sampler through the same path as the reference
-    cache (``random.Random(seed)`` -> ``RLTEviction``), so equal seeds give equal draws.
+    cache (``random.Random(seed)`` -> ``RLTEviction``), so equal seeds give equal draws;
+    ``marking`` is what a match marks, as the reference cache's (``MARKINGS``).
     """
 
     def __init__(
@@ -301,8 +308,11 @@ class RLTRadixCache(RadixCache):
         capacity_tokens: int | None = None,
         seed: int = 0,
         log_every: int = _DEFAULT_LOG_EVERY,
+        marking: str = "path",
     ) -> None:
         check_sglang_version(sglang.__version__)
+        if marking not in MARKINGS:
+            raise ValueError(f"unknown marking {marking!r}; known: {', '.join(MARKINGS)}")
         if params.eviction_policy_config:
             raise ValueError(
                 "RLTRadixCache takes no eviction-policy config; pass seed= directly or use "
@@ -323,7 +333,8 @@ class RLTRadixCache(RadixCache):
         self.log_every = log_every
         self.eviction_calls = 0
         self.evicted_tokens_total = 0
-        self._tree = _SGLangTree(self, capacity_tokens, params.page_size)
+        self._tree = _SGLangTree(self, capacity_tokens, params.page_size, marking)
+        self._split_in_match = False  # set by _split_node: the match being walked split
         self._leaves = self._tree.leaves
         self._arena: torch.Tensor | None = None  # every node's KV indices (module docstring)
         self._arena_np: np.ndarray | None = None  # the same memory, on a CPU arena
@@ -357,6 +368,10 @@ class RLTRadixCache(RadixCache):
         return self.rlt.phases_started
 
     @property
+    def marking(self) -> str:
+        return self._tree.marking
+
+    @property
     def marked_tokens(self) -> int:
         return self.rlt.marked_tokens
 
@@ -383,18 +398,27 @@ class RLTRadixCache(RadixCache):
         self._arena_top = 0
         self.rlt.reset()
 
-    def _mark_path(self, node: Any) -> None:
+    def _path(self, node: Any) -> list[Any]:
+        """``node``'s path, root excluded, root-to-leaf (the reference cache's order)."""
         root = self.root_node
         path = []
         while node is not root:
             path.append(node)
             node = node.parent
+        path.reverse()
+        return path
+
+    def _mark_path(self, node: Any) -> None:
+        path = self._path(node)
         if path:
             self.rlt.on_access(path)
 
     def _match_prefix_helper(self, node: Any, key: RadixKey) -> tuple[list[Any], Any]:
+        self._split_in_match = False
         value, last_node = super()._match_prefix_helper(node, key)
-        self._mark_path(last_node)
+        path = self._path(last_node)
+        if path:  # SGLang's match splits at most once: its last node
+            self.rlt.on_match(path, self._split_in_match)
         return value, last_node
 
     def _insert_helper(
@@ -426,6 +450,7 @@ class RLTRadixCache(RadixCache):
             _current(child)
         start, length = below["rlt_off"], below["rlt_len"]
         upper = super()._split_node(key, child, split_len)
+        self._split_in_match = True  # (inserts split too; only a match reads it)
         # SGLang cloned both halves; point them back at the arena instead.
         arena = self._arena
         assert arena is not None
@@ -746,6 +771,12 @@ def build_rlt_radix_cache(ctx: Any) -> RLTRadixCache:
             params.eviction_policy,
         )
     log_every = int(config.get("log_every", _DEFAULT_LOG_EVERY))
+    marking = str(config.get("marking", "path"))
     # The config is consumed here; the base class would hand it to its LRU strategy.
     params = dataclasses.replace(params, eviction_policy_config=None)
-    return RLTRadixCache(params, seed=_seed_from(config, ctx.server_args), log_every=log_every)
+    return RLTRadixCache(
+        params,
+        seed=_seed_from(config, ctx.server_args),
+        log_every=log_every,
+        marking=marking,
+    )

@@ -9,10 +9,18 @@ from engine_ext.cache.eviction import (
 from engine_ext.cache.keys import Key, as_key, common_prefix_length
 from engine_ext.cache.lru import LRUEviction
 from engine_ext.cache.node import RadixNode
-from engine_ext.cache.radix import CacheStats, CapacityError, InsertResult, MatchResult, RadixCache
+from engine_ext.cache.radix import (
+    MARKINGS,
+    CacheStats,
+    CapacityError,
+    InsertResult,
+    MatchResult,
+    RadixCache,
+)
 from engine_ext.cache.rlt import RLTEviction
 
 __all__ = [
+    "MARKINGS",
     "CacheStats",
     "CapacityError",
     "EvictionPolicy",

@@ -31,7 +31,11 @@ class EvictionPolicy(Protocol):
     name: str
 
     def on_access(self, path: list[RadixNode]) -> None:
-        """A match or insert went through ``path`` (root excluded, root-to-leaf order)."""
+        """An insert went through ``path`` (root excluded, root-to-leaf order)."""
+
+    def on_match(self, path: list[RadixNode], split: bool) -> None:
+        """A match went through ``path``; ``split``: it split the last node off a longer one
+        (the cache's ``marking`` says what a marking policy makes of that)."""
 
     def evict(self, num_tokens: int) -> int:
         """Free at least ``num_tokens`` tokens where locks allow; return the number freed."""

@@ -31,6 +31,9 @@ class LRUEviction:
         for node in path:
             node.last_access = tick
 
+    def on_match(self, path: list[RadixNode], split: bool) -> None:
+        self.on_access(path)  # a match is a use: the whole path is recent
+
     def evict(self, num_tokens: int) -> int:
         cache = self.cache
         heap = [(leaf.last_access, leaf.node_id, leaf) for leaf in cache.evictable_leaves()]

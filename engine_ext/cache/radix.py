@@ -33,7 +33,12 @@ from engine_ext.cache.keys import common_prefix_length
 from engine_ext.cache.leaf_registry import LOCKED, LeafRegistry
 from engine_ext.cache.node import RadixNode
 
-__all__ = ["CacheStats", "CapacityError", "InsertResult", "MatchResult", "RadixCache"]
+__all__ = ["MARKINGS", "CacheStats", "CapacityError", "InsertResult", "MatchResult", "RadixCache"]
+
+# What a match marks for a marking policy (RLT): the whole matched path (``"path"``, ours), or
+# only the node the match splits off, if any (``"split"``, the paper's ``radix_cache_lrt.py``:
+# its match marks nothing else, its insert marks the path as ours does).
+MARKINGS = ("path", "split")
 
 
 class CapacityError(RuntimeError):
@@ -82,7 +87,8 @@ class RadixCache:
 
     ``eviction`` names a registered policy (``lru`` or ``rlt`` built in); ``rng`` is the seeded
     source of randomness for randomized policies. ``page_size`` > 1 aligns every key, match
-    and eviction to whole pages, as SGLang does.
+    and eviction to whole pages, as SGLang does. ``marking`` (``MARKINGS``) is what a match
+    marks for a marking policy; others ignore it.
     """
 
     def __init__(
@@ -92,13 +98,17 @@ class RadixCache:
         *,
         page_size: int = 1,
         rng: random.Random | None = None,
+        marking: str = "path",
     ) -> None:
+        if marking not in MARKINGS:
+            raise ValueError(f"unknown marking {marking!r}; known: {', '.join(MARKINGS)}")
         if capacity_tokens < 1:
             raise ValueError(f"capacity_tokens must be >= 1, got {capacity_tokens}")
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.capacity_tokens = capacity_tokens
         self.page_size = page_size
+        self.marking = marking
         self.rng = rng if rng is not None else random.Random(0)
         self.stats = CacheStats()
         self.leaves = LeafRegistry()  # in the order nodes became leaves: deterministic
@@ -149,8 +159,11 @@ class RadixCache:
     def _child_key(self, key: Sequence[Any], pos: int) -> Any:
         return key[pos] if self.page_size == 1 else key[pos : pos + self.page_size]
 
-    def _walk(self, key: Sequence[Any], split: bool) -> tuple[int, RadixNode, list[RadixNode]]:
-        """Follow ``key`` down the tree; return matched length, last node and the path."""
+    def _walk(
+        self, key: Sequence[Any], split: bool
+    ) -> tuple[int, RadixNode, list[RadixNode], bool]:
+        """Follow ``key`` down the tree; return matched length, last node, the path, and
+        whether the walk split its last node off a longer one."""
         node, pos, path = self.root, 0, []
         page, n = self.page_size, len(key)
         sizes = self.leaves.size
@@ -168,19 +181,19 @@ class RadixCache:
                 if split and common > 0:
                     child = self._split(child, common)
                     path.append(child)
-                    node, pos = child, pos + common
-                elif common > 0:
+                    return pos + common, child, path, True
+                if common > 0:
                     pos += common
                 break
             path.append(child)
             node, pos = child, pos + child_len
-        return pos, node, path
+        return pos, node, path, False
 
     def match_prefix(self, key: Sequence[Any]) -> MatchResult:
         """Longest cached prefix of ``key``; touches the path (LRU recency, RLT marks)."""
-        length, node, path = self._walk(self._aligned(key), split=True)
+        length, node, path, split = self._walk(self._aligned(key), split=True)
         if path:
-            self.policy.on_access(path)
+            self.policy.on_match(path, split)
         return MatchResult(length, node)
 
     def peek_prefix(self, key: Sequence[Any]) -> int:
@@ -195,7 +208,7 @@ class RadixCache:
         it inserts them. Insert itself never evicts, so it can never drop what it is adding.
         """
         key = self._aligned(key)
-        prefix, node, path = self._walk(key, split=True)
+        prefix, node, path, _ = self._walk(key, split=True)
         if prefix < len(key):
             leaf = self._new_node(key[prefix:], node)
             node.children[self._child_key(key, prefix)] = leaf

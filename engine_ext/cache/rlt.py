@@ -1,6 +1,9 @@
 """RLT: the paper's randomized leaf-token eviction with marking phases (DESIGN 3.3).
 
-A phase marks every node that a match or insert goes through; marked nodes are not evicted.
+A phase marks every node that an insert goes through, and with the cache's ``marking``
+``"path"`` (the default) every node a match goes through; with ``"split"`` a match marks only
+the node it splits off (nothing when it splits nothing), as the paper's code does
+(``radix_cache_lrt.py``). Marked nodes are not evicted.
 When the marked tokens reach the capacity C a new phase starts: all marks are cleared and the
 current path is marked again. ``evict(n)`` starts a new phase if ``n + marked >= C``, gathers
 the unmarked, unlocked leaves (starting a new phase and gathering again if there are none, or
@@ -64,6 +67,7 @@ class RLTEviction:
         self.marked_tokens = 0
         self.phases_started = 0
         self.registry = cache.leaves  # the unlocked leaves are candidates (DESIGN 3.3)
+        self.marks_match_path = cache.marking == "path"
 
     def reset(self) -> None:
         self.phase += 1
@@ -77,6 +81,15 @@ class RLTEviction:
         if self.marked_tokens >= self.cache.capacity_tokens:
             self.new_phase()
             self._mark(path)
+
+    def on_match(self, path: list[RadixNode], split: bool) -> None:
+        if self.marks_match_path:
+            self.on_access(path)
+        elif split:  # the paper's rule: the split-off node, and its path if a phase starts
+            self._mark(path[-1:])
+            if self.marked_tokens >= self.cache.capacity_tokens:
+                self.new_phase()
+                self._mark(path)
 
     def _mark(self, path: list[RadixNode]) -> None:
         phase = self.phase

@@ -302,3 +302,68 @@ def test_a_large_eviction_from_chains_frees_exactly_what_is_asked(seed: int) -> 
     assert cache.evict(need) == need
     assert cache.total_tokens == before - need
     cache.check_invariants()
+
+
+# -- what a match marks: the whole path (ours) or only what it splits (the paper's) -----------
+def split_cache(capacity: int) -> tuple[RadixCache, RLTEviction]:
+    cache = RadixCache(capacity, "rlt", rng=random.Random(0), marking="split")
+    assert isinstance(cache.policy, RLTEviction)
+    return cache, cache.policy
+
+
+@pytest.mark.parametrize("marking", ["path", "split"])
+def test_an_insert_marks_its_path_under_either_marking(marking: str) -> None:
+    cache = RadixCache(100, "rlt", rng=random.Random(0), marking=marking)
+    rlt = cache.policy
+    assert isinstance(rlt, RLTEviction)
+    cache.insert((1, 2, 3, 4))
+    rlt.new_phase()
+    cache.insert((1, 2, 3, 4, 5, 6))  # walks (1,2,3,4), adds (5,6)
+    assert rlt.marked_tokens == 6
+    assert _marked(cache, rlt, (1,))
+
+
+def test_a_whole_node_match_marks_under_path_and_not_under_split() -> None:
+    ours, ours_rlt = rlt_cache(100)
+    paper, paper_rlt = split_cache(100)
+    for cache, rlt in ((ours, ours_rlt), (paper, paper_rlt)):
+        cache.insert((1, 2, 3, 4))
+        rlt.new_phase()
+        assert cache.match_prefix((1, 2, 3, 4, 9)).length == 4  # no split: the node is whole
+    assert _marked(ours, ours_rlt, (1,))
+    assert ours_rlt.marked_tokens == 4
+    assert not _marked(paper, paper_rlt, (1,))
+    assert paper_rlt.marked_tokens == 0
+
+
+def test_a_split_match_marks_only_the_split_off_node_under_split() -> None:
+    cache, rlt = split_cache(100)
+    cache.insert((1, 2))
+    cache.insert((1, 2, 3, 4, 5, 6))  # (1,2) -> (3,4,5,6)
+    rlt.new_phase()
+    assert cache.match_prefix((1, 2, 3, 4, 9)).length == 4  # splits (3,4,5,6) at 2
+    upper = cache.root.children[1].children[3]
+    assert upper.key == (3, 4)
+    assert rlt.is_marked(upper)
+    assert not rlt.is_marked(cache.root.children[1])  # the whole node above: not marked
+    assert not rlt.is_marked(upper.children[5])  # the lower half keeps its (old) mark
+    assert rlt.marked_tokens == 2
+
+
+def test_a_split_match_that_fills_the_phase_remarks_its_whole_path_under_split() -> None:
+    cache, rlt = split_cache(8)
+    cache.insert((1, 2))
+    cache.insert((1, 2, 3, 4, 5, 6))
+    rlt.new_phase()
+    cache.insert((7,) * 6)  # marked: 6
+    cache.match_prefix((1, 2, 3, 4, 9))  # + the split-off (3,4): 8 == C -> a new phase
+    assert rlt.phases_started == 2
+    assert rlt.is_marked(cache.root.children[1])
+    assert rlt.marked_tokens == 4
+    assert not _marked(cache, rlt, (7,))
+
+
+def test_path_marking_is_the_default_and_unknown_markings_are_refused() -> None:
+    assert RadixCache(8, "rlt").marking == "path"
+    with pytest.raises(ValueError, match="unknown marking 'all'; known: path, split"):
+        RadixCache(8, "rlt", marking="all")

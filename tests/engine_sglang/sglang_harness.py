@@ -97,10 +97,11 @@ def cache_params(allocator: Any, page_size: int = 1, **kwargs: Any) -> CacheInit
 
 
 def rlt_cache(
-    capacity: int, page_size: int = 1, seed: int = 0, **kwargs: Any
+    capacity: int, page_size: int = 1, seed: int = 0, marking: str = "path", **kwargs: Any
 ) -> tuple[RLTRadixCache, TrackingAllocator]:
     allocator = TrackingAllocator(capacity, page_size)
-    return RLTRadixCache(cache_params(allocator, page_size, **kwargs), seed=seed), allocator
+    params = cache_params(allocator, page_size, **kwargs)
+    return RLTRadixCache(params, seed=seed, marking=marking), allocator
 
 
 def lru_cache(

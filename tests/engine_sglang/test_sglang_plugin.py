@@ -209,3 +209,16 @@ def test_a_mismatched_install_is_refused_at_build(monkeypatch: pytest.MonkeyPatc
         build_rlt_radix_cache(build_context(plain_args()))
     with pytest.raises(ValueError, match=r"found sglang 0\.6\.0"):
         RLTRadixCache(cache_params(TrackingAllocator(8)))
+
+
+def test_factory_reads_the_marking_and_refuses_an_unknown_one() -> None:
+    split = plain_args(radix_eviction_policy_config={"marking": "split"})
+    cache = sglang_plugin.build_cache(build_context(split, capacity=80))
+    assert isinstance(cache, RLTRadixCache)
+    assert cache.marking == "split"
+    plain = sglang_plugin.build_cache(build_context(plain_args(), capacity=80))
+    assert isinstance(plain, RLTRadixCache)
+    assert plain.marking == "path"
+    wrong = plain_args(radix_eviction_policy_config={"marking": "all"})
+    with pytest.raises(ValueError, match="unknown marking 'all'; known: path, split"):
+        sglang_plugin.build_cache(build_context(wrong, capacity=80))

@@ -13,11 +13,13 @@ import random
 from typing import Any
 
 import pytest
+from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 from sglang_harness import (
     ReferenceWorker,
     Worker,
     check_tree,
     iter_nodes,
+    radix_key,
     rlt_cache,
     shared_prefix_requests,
 )
@@ -87,3 +89,39 @@ def test_different_seeds_draw_differently() -> None:
             worker.serve(ids)
         hits.append(worker.hits)
     assert hits[0] != hits[1]
+
+
+@pytest.mark.parametrize(("seed", "capacity", "page_size"), [(0, 300, 1), (3, 256, 4)])
+def test_split_marking_is_the_same_in_both_caches(seed: int, capacity: int, page_size: int) -> None:
+    """The paper's rule (a match marks only the node it splits off) in both trees: equal
+    hits, evictions, phases and marks; and a match that splits nothing marks nothing, where
+    the whole-path rule marks the path."""
+    requests = shared_prefix_requests(seed, count=400)
+    ours, allocator = rlt_cache(capacity, page_size, seed=seed, marking="split")
+    reference = ReferenceCache(
+        capacity, "rlt", page_size=page_size, rng=random.Random(seed), marking="split"
+    )
+    path_marking = ReferenceCache(capacity, "rlt", page_size=page_size, rng=random.Random(seed))
+    policy, path_policy = reference.policy, path_marking.policy
+    assert isinstance(policy, RLTEviction)
+    assert isinstance(path_policy, RLTEviction)
+    sglang_worker, reference_worker = Worker(ours, allocator), ReferenceWorker(reference)
+    for ids in requests:
+        sglang_worker.serve(ids)
+        reference_worker.serve(ids)
+        assert ours.marked_tokens == policy.marked_tokens
+    check_tree(ours, allocator)
+    assert sglang_worker.hits == reference_worker.hits
+    assert sglang_worker.evicted == reference_worker.evicted
+    assert ours.phases_started == policy.phases_started > 1
+
+    # A new phase, then a match of the last request, which ends on a node boundary.
+    ReferenceWorker(path_marking).serve(requests[-1])
+    for rlt in (ours.rlt, policy, path_policy):
+        rlt.new_phase()
+    last = requests[-1][: len(requests[-1]) // page_size * page_size]
+    hit = ours.match_prefix(MatchPrefixParams(key=radix_key(last))).device_prefix_len
+    assert hit == reference.match_prefix(tuple(last)).length > 0
+    assert path_marking.match_prefix(tuple(last)).length == hit
+    assert ours.marked_tokens == policy.marked_tokens == 0
+    assert path_policy.marked_tokens == hit
