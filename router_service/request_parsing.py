@@ -177,5 +177,5 @@ def parse_body(body: dict[str, Any], kind: str, request_id: str) -> ParsedReques
         max_new = _max_tokens(body, ("max_completion_tokens", "max_tokens"), "")
     else:  # pragma: no cover - callers pass one of KINDS
         raise ValueError(kind)
-    route = RouteRequest(request_id, key, tokens, max_new)
+    route = RouteRequest(request_id, key, tokens, max_new, tokens=tokens is not None)
     return ParsedRequest(kind, route, _stream(body), body)

@@ -37,6 +37,9 @@ class SimWorker:
         self._on_last_step = on_last_step
         self.steps = 0
         self.busy_ms = 0.0
+        # Called after each batch is formed and after it finishes (cache changes: admissions
+        # evict, completions insert); the KV-event feed publishes there (``sim.kv_feed``).
+        self.on_step: Callable[[], None] | None = None
 
     def set_profile(self, profile: ServiceProfile) -> None:
         """Change speed from the next step on (drift: thermal throttling, a noisy neighbour)."""
@@ -50,6 +53,8 @@ class SimWorker:
         if self.engine.busy:
             return
         step = self.engine.plan_step(self.env.now_ms)
+        if self.on_step is not None:
+            self.on_step()
         if step is not None:
             self.steps += 1
             self.busy_ms += step.duration_ms
@@ -57,6 +62,8 @@ class SimWorker:
 
     def _step_done(self, step: Step) -> None:
         result = self.engine.finish_step(step, self.env.now_ms)
+        if self.on_step is not None:
+            self.on_step()
         for req in result.first_tokens:
             self._on_first_token(req)
         if self._on_last_step is not None:

@@ -3,14 +3,21 @@
 No I/O and no clock of its own: callers pass worker status (health, decayed queue load read
 from whichever load store they use) and the current time. ``decide`` is a pure query (the
 ``/explain`` dry run); ``route`` decides and commits; ``complete`` feeds back the outcome.
+
+With ``blocks`` (the workers' KV events, ``routing.block_sets``) a worker whose events are
+live is matched on the pages it really holds, the request's token ids hashed as the engine
+hashes them; any other worker, or a request without token ids, on the approximate index.
+Each decision says which source each candidate's ``cached`` came from (``cache_sources``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from engine_ext.cache.keys import Key
 from router_service.routing.block_keys import CHARS_PER_BLOCK, BlockKeys
+from router_service.routing.block_sets import BlockSets
 from router_service.routing.ledger import Ledger
 from router_service.routing.policy import RoutingPolicy
 from router_service.routing.prefix_index import PrefixIndex
@@ -38,9 +45,11 @@ class Router:
         policy: RoutingPolicy,
         index: PrefixIndex | None = None,
         keys: BlockKeys | None = None,
+        blocks: BlockSets | None = None,
     ) -> None:
         self.policy = policy
         self.index = index if index is not None else PrefixIndex()
+        self.blocks = blocks  # the workers' KV events (exact), for workers that have them
         # With block keys the index holds chained block digests instead of prompt units, so
         # replicas can share it (router_service.index_sync); matches are block-granular.
         self.keys = keys
@@ -49,6 +58,7 @@ class Router:
         self._policy_of: dict[str, RoutingPolicy] = {}  # open decision id -> its policy
         self._orphans: set[str] = set()  # open decisions whose worker was removed since
         self._last_match: tuple[str, dict[str, int]] = ("", {})
+        self._last_sources: dict[str, str] = {}  # of the last match: worker -> source
         self._last_trim_ms = 0.0
 
     def set_policy(self, policy: RoutingPolicy) -> None:
@@ -114,6 +124,18 @@ class Router:
         if self.keys is not None:
             keys, total = self.keys, request.units
             matched = {w: keys.units(m, total) for w, m in matched.items()}
+        blocks = self.blocks
+        if blocks is not None and blocks.workers:
+            sources: dict[str, str]
+            if request.tokens:
+                exact, sources = blocks.match(request.request_id, request.key, blocks.workers)
+                for worker, tokens in exact.items():
+                    matched[worker] = min(tokens, request.units)
+                    sources[worker] = "events"
+            else:
+                why = "the request has no token ids (text routed without --tokenizer)"
+                sources = dict.fromkeys(blocks.workers, why)
+            self._last_sources = sources
         self._last_match = (request.request_id, matched)
         return matched
 
@@ -143,12 +165,18 @@ class Router:
 
     def decide(self, request: RouteRequest, workers: Sequence[WorkerStatus]) -> Decision:
         """The decision the router would take now; changes nothing."""
-        return self.policy.decide(request, self.snapshots(request, workers))
+        decision = self.policy.decide(request, self.snapshots(request, workers))
+        if self.blocks is not None and self.blocks.workers:
+            decision = replace(decision, cache_sources=dict(self._last_sources))
+        return decision
 
     def commit(self, request: RouteRequest, decision: Decision, now_ms: float) -> None:
         """Apply a decision: the policy's bookkeeping, the index insert, the in-flight count."""
         chosen = decision.chosen
         uncached = request.units - self.cached_for(request, chosen)
+        if self.blocks is not None and request.tokens:
+            # It must store pages if it prefills one or more: its events are due.
+            self.blocks.expect(chosen, uncached, now_ms)
         self.policy.commit(decision)
         self.index.insert(self.index_key(request), chosen, now_ms)
         self.ledger.open(

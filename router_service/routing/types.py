@@ -37,16 +37,18 @@ class NoEligibleWorker(RuntimeError):
 class RouteRequest:
     """What the router knows of a request before sending it.
 
-    ``key`` holds the prefix-match units: token ids when the request carries ``input_ids``,
-    else the prompt's characters (for chat, the JSON of ``messages``), as SGLang's router does.
-    ``prompt_tokens`` is the prompt length in tokens when known (features); ``request_id`` is
-    also the decision id.
+    ``key`` holds the prefix-match units: token ids when the request carries ``input_ids``
+    (or the router tokenized it, ``--tokenizer``), else the prompt's characters (for chat, the
+    JSON of ``messages``), as SGLang's router does; ``tokens`` says which, and only token ids
+    can be matched against the workers' KV events. ``prompt_tokens`` is the prompt length in
+    tokens when known (features); ``request_id`` is also the decision id.
     """
 
     request_id: str
     key: Key
     prompt_tokens: int | None = None
     max_new_tokens: int | None = None
+    tokens: bool = False
 
     @property
     def units(self) -> int:
@@ -155,6 +157,9 @@ class Decision:
     model: ModelInfo | None = None
     branch: str | None = None  # which rule decided (cache_aware: balance / cache / smallest)
     features: dict[str, float] | None = field(default=None, compare=False)
+    # Where each worker's ``cached`` came from, when not the approximate index: "events", or
+    # why a worker with a KV-event stream fell back (``Router``); absent: "approximate".
+    cache_sources: dict[str, str] | None = field(default=None, compare=False)
 
     def candidate(self, worker: str) -> Candidate:
         for cand in self.candidates:
@@ -171,8 +176,15 @@ class Decision:
             "units": self.units,
             "reserve_ms": self.reserve_ms,
             "model": self.model.to_dict() if self.model else None,
-            "candidates": [c.to_dict() for c in self.candidates],
+            "candidates": [self._candidate_dict(c) for c in self.candidates],
         }
+
+    def _candidate_dict(self, cand: Candidate) -> dict[str, Any]:
+        shown = cand.to_dict()
+        source = (self.cache_sources or {}).get(cand.worker)
+        shown["cache_source"] = "events" if source == "events" else "approximate"
+        shown["cache_fallback"] = None if source in (None, "events") else source
+        return shown
 
 
 @dataclass(frozen=True, slots=True)

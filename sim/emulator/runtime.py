@@ -14,9 +14,12 @@ import asyncio
 import contextlib
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine_ext.cache import RadixCache
+from router_service.kv_wire import KVEvent
+from sim.cache_events import EventedRadixCache
 from sim.engine import EngineRequest, RequestTooLarge, Step, WorkerEngine
 from sim.profiles import ServiceProfile
 
@@ -43,13 +46,22 @@ class EmulatedRuntime:
         time_scale: float = 1.0,
         page_size: int = 1,
         seed: int = 0,
+        on_events: Callable[[list[KVEvent]], None] | None = None,
     ) -> None:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.profile = profile
         self.time_scale = time_scale
         capacity = capacity_tokens or profile.kv_capacity_tokens
-        self.cache = RadixCache(capacity, eviction, page_size=page_size, rng=random.Random(seed))
+        rng = random.Random(seed)
+        # With ``on_events`` the cache records its KV events, handed over after every
+        # scheduler step (admissions evict, completions insert), as SGLang publishes them.
+        self.on_events = on_events
+        self.cache: RadixCache = (
+            EventedRadixCache(capacity, eviction, page_size=page_size, rng=rng)
+            if on_events is not None
+            else RadixCache(capacity, eviction, page_size=page_size, rng=rng)
+        )
         self.engine = WorkerEngine(profile, self.cache)
         self._subs: dict[str, Submission] = {}
         self._wake = asyncio.Event()
@@ -98,6 +110,7 @@ class EmulatedRuntime:
         while True:
             now_ms = self.now_ms()
             step = self.engine.plan_step(now_ms)
+            self._publish()
             if step is None:
                 due_ms = None
                 self._wake.clear()
@@ -108,8 +121,13 @@ class EmulatedRuntime:
             await asyncio.sleep(max(0.0, delay_s))
             self._deliver(step, due_ms)
 
+    def _publish(self) -> None:
+        if self.on_events is not None and isinstance(self.cache, EventedRadixCache):
+            self.on_events(self.cache.events.take())
+
     def _deliver(self, step: Step, due_ms: float) -> None:
         result = self.engine.finish_step(step, due_ms)
+        self._publish()
         for req in result.first_tokens + step.decode:
             sub = self._subs.get(req.rid)
             if sub is not None:
@@ -121,7 +139,9 @@ class EmulatedRuntime:
                 sub.tokens.put_nowait(None)
 
     def flush(self) -> bool:
-        return self.engine.flush()
+        flushed = self.engine.flush()
+        self._publish()
+        return flushed
 
     @property
     def running(self) -> int:

@@ -40,6 +40,9 @@ class EmulatorConfig:
     seed: int = 0
     model_name: str = "kvroute-emulated"
     default_max_new_tokens: int = 16
+    kv_events_config: str | None = None  # SGLang's --kv-events-config JSON: publish KV events
+    tokenizer: str | None = None  # a local Hugging Face tokenizer directory: text is tokenized
+    # as the router's --tokenizer does (router_service.tokenizer), not by sim.emulator.tokenizer
 
 
 CONFIG = web.AppKey("config", EmulatorConfig)

@@ -1,0 +1,365 @@
+"""Subscribe to the workers' KV events over ZMQ (asyncio) and feed the exact block sets.
+
+One task per worker with an event endpoint (``--worker-kv-events URL=tcp://host:port`` or
+``POST /workers`` with ``kv_events``): a SUB socket on the worker's publisher, a socket
+monitor that reports (re)connects and disconnects, and a DEALER on the worker's replay
+endpoint when it has one. What to do with each message (order, gaps, replays, rebuilds) is
+``routing.event_stream``'s decision; this module only moves frames and passes the clock.
+Nothing here can stop the router: a message that cannot be read is dropped and counted,
+and a task that fails is logged and restarted.
+
+Every replica subscribes itself: prefix knowledge of a worker with events comes from the
+worker, not from the other replicas (the Redis index sync is for workers without events).
+
+>>> parse_source("tcp://10.0.0.5:5557,tcp://10.0.0.5:5558")
+EventSource(endpoint='tcp://10.0.0.5:5557', replay='tcp://10.0.0.5:5558')
+>>> parse_worker_events(["http://10.0.0.5:30001=tcp://10.0.0.5:5557"])
+{'http://10.0.0.5:30001': EventSource(endpoint='tcp://10.0.0.5:5557', replay=None)}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import zmq
+import zmq.asyncio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from zmq.utils.monitor import parse_monitor_message
+
+from router_service.kv_wire import encode_seq
+from router_service.routing.block_sets import BlockSets
+from router_service.routing.event_stream import DEFAULT_MAX_MESSAGE_BYTES, EventStream
+
+__all__ = [
+    "EventSource",
+    "KVEventFeed",
+    "event_host",
+    "parse_source",
+    "parse_worker_events",
+]
+
+log = logging.getLogger("kvroute.kv_events")
+
+
+@dataclass(frozen=True, slots=True)
+class EventSource:
+    """A worker's event publisher (``tcp://host:port``) and its replay endpoint, if any."""
+
+    endpoint: str
+    replay: str | None = None
+
+
+def _endpoint(text: str) -> str:
+    text = text.strip()
+    parts = urlsplit(text)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "tcp" or not parts.hostname or not port or parts.path or parts.query:
+        raise ValueError(f"a KV-event endpoint looks like tcp://host:port, got {text!r}")
+    if parts.hostname in ("*", "0.0.0.0", "::"):
+        raise ValueError(f"{text!r} is a bind address; give the worker's host to connect to")
+    return text
+
+
+def parse_source(text: str) -> EventSource:
+    """``tcp://host:port`` or ``tcp://host:port,tcp://host:replay_port``."""
+    parts = text.split(",")
+    if len(parts) > 2:
+        raise ValueError(f"give the events endpoint and at most a replay endpoint, got {text!r}")
+    replay = _endpoint(parts[1]) if len(parts) == 2 else None
+    return EventSource(_endpoint(parts[0]), replay)
+
+
+def parse_worker_events(items: Iterable[str]) -> dict[str, EventSource]:
+    """``URL=tcp://host:port[,tcp://host:replay_port]`` entries, by worker URL (as given:
+    the caller normalises it)."""
+    sources: dict[str, EventSource] = {}
+    for item in items:
+        url, sep, source = item.partition("=")
+        if not sep or not url.strip():
+            raise ValueError(f"expected URL=tcp://host:port, got {item!r}")
+        if url.strip() in sources:
+            raise ValueError(f"{url.strip()} has two event endpoints")
+        sources[url.strip()] = parse_source(source)
+    return sources
+
+
+def event_host(source: EventSource) -> list[str]:
+    """The hosts the router connects to for ``source`` (allow-list checks)."""
+    hosts = [urlsplit(source.endpoint).hostname or ""]
+    if source.replay is not None:
+        hosts.append(urlsplit(source.replay).hostname or "")
+    return hosts
+
+
+class KVEventFeed:
+    """The subscriptions of one router replica, feeding one ``BlockSets``."""
+
+    def __init__(
+        self,
+        blocks: BlockSets,
+        now_ms: Callable[[], float],
+        *,
+        replay_timeout_s: float = 5.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        refresh_s: float = 1.0,
+    ) -> None:
+        self.blocks = blocks
+        self.now_ms = now_ms
+        self.replay_timeout_s = replay_timeout_s
+        self.max_message_bytes = max_message_bytes
+        self.refresh_s = refresh_s
+        self.sources: dict[str, EventSource] = {}
+        self.streams: dict[str, EventStream] = {}
+        self.failures = 0  # subscriber tasks that failed and were restarted
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._ctx: zmq.asyncio.Context | None = None
+        self._timer: asyncio.Task[None] | None = None
+
+    # -- membership ------------------------------------------------------------------------
+    def add(self, url: str, source: EventSource) -> None:
+        """Subscribe to ``url``'s events (now if the feed runs, else when it starts)."""
+        if url in self.sources:
+            raise KeyError(f"{url} already has an event stream")
+        self.sources[url] = source
+        self.blocks.add(url)
+        self.streams[url] = EventStream(
+            url,
+            self.blocks,
+            can_replay=source.replay is not None,
+            max_message_bytes=self.max_message_bytes,
+        )
+        if self._ctx is not None:
+            self._spawn(url)
+
+    def remove(self, url: str) -> None:
+        if url not in self.sources:
+            return
+        task = self._tasks.pop(url, None)
+        if task is not None:
+            task.cancel()
+        del self.sources[url], self.streams[url]
+        self.blocks.remove(url)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+        for url in self.sources:
+            self._spawn(url)
+        self._timer = asyncio.get_running_loop().create_task(self._refresh(), name="kv-stale")
+
+    async def stop(self) -> None:
+        tasks = [*self._tasks.values(), *([self._timer] if self._timer else [])]
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+
+    def _spawn(self, url: str) -> None:
+        self._tasks[url] = asyncio.get_running_loop().create_task(
+            self._supervise(url), name=f"kv-events {url}"
+        )
+
+    async def _refresh(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            for url in self.blocks.refresh(self.now_ms()):
+                log.warning("KV events of %s are stale: matching it on the approximate index", url)
+
+    async def _supervise(self, url: str) -> None:
+        while True:
+            try:
+                await self._subscribe(url)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a feed must never take the router down: restart it
+                self.failures += 1
+                log.exception("KV-event subscriber of %s failed; restarting", url)
+                if url in self.streams:
+                    self.streams[url].disconnected()
+                await asyncio.sleep(1.0)
+
+    # -- one worker ------------------------------------------------------------------------
+    async def _subscribe(self, url: str) -> None:
+        assert self._ctx is not None
+        source, stream = self.sources[url], self.streams[url]
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.LINGER, 0)
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        replay: zmq.asyncio.Socket | None = None
+        try:
+            sub.connect(source.endpoint)
+            poller = zmq.asyncio.Poller()
+            poller.register(sub, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
+            deadline: float | None = None
+            loop = asyncio.get_running_loop()
+            while True:
+                timeout = None if deadline is None else max(0.0, deadline - loop.time())
+                ready = dict(await poller.poll(None if timeout is None else timeout * 1000))
+                start: int | None = None
+                if monitor in ready:
+                    while _events(monitor) & zmq.POLLIN:
+                        asked = self._on_monitor(stream, await monitor.recv_multipart())
+                        start = asked if asked is not None else start
+                if sub in ready:
+                    start = await self._drain_live(sub, stream, start)
+                if (
+                    replay is not None
+                    and replay in ready
+                    and await self._drain_replay(replay, stream)
+                ):
+                    poller.unregister(replay)
+                    replay.close(linger=0)
+                    replay, deadline = None, None
+                if deadline is not None and loop.time() >= deadline:
+                    log.warning("KV-event replay of %s timed out", url)
+                    stream.end_replay(self.now_ms())
+                    if replay is not None:
+                        poller.unregister(replay)
+                        replay.close(linger=0)
+                    replay, deadline = None, None
+                if start is not None and source.replay is not None:
+                    if replay is not None:
+                        poller.unregister(replay)
+                        replay.close(linger=0)
+                    replay = self._ctx.socket(zmq.DEALER)
+                    replay.setsockopt(zmq.LINGER, 0)
+                    replay.connect(source.replay)
+                    poller.register(replay, zmq.POLLIN)
+                    await replay.send_multipart([b"", encode_seq(start)])
+                    deadline = loop.time() + self.replay_timeout_s
+        finally:
+            if replay is not None:
+                replay.close(linger=0)
+            sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+
+    def _on_monitor(self, stream: EventStream, frames: list[bytes]) -> int | None:
+        event = parse_monitor_message(frames)["event"]
+        if event == zmq.EVENT_CONNECTED:
+            log.info("KV events of %s: connected; rebuilding from the replay", stream.url)
+            return stream.begin(self.now_ms())
+        if event == zmq.EVENT_DISCONNECTED:
+            log.warning("KV events of %s: disconnected", stream.url)
+            stream.disconnected()
+        return None
+
+    async def _drain_live(
+        self, sub: zmq.asyncio.Socket, stream: EventStream, start: int | None
+    ) -> int | None:
+        """Every message waiting on ``sub`` (one wake-up, many batches under load)."""
+        now = self.now_ms()
+        while _events(sub) & zmq.POLLIN:
+            asked = stream.on_live(await sub.recv_multipart(), now)
+            if asked is not None:
+                start = asked
+        return start
+
+    async def _drain_replay(self, replay: zmq.asyncio.Socket, stream: EventStream) -> bool:
+        now = self.now_ms()
+        while _events(replay) & zmq.POLLIN:
+            frames = await replay.recv_multipart()
+            if stream.on_replay(frames[1:] if frames and frames[0] == b"" else frames, now):
+                return True
+        return False
+
+    # -- inspection ------------------------------------------------------------------------
+    def status(self) -> dict[str, dict[str, Any]]:
+        blocks = self.blocks.status()
+        return {
+            url: {
+                "endpoint": source.endpoint,
+                "replay": source.replay,
+                "history": self.streams[url].history,
+                **blocks[url],
+                **self.streams[url].counters.to_dict(),
+            }
+            for url, source in self.sources.items()
+        }
+
+    def collector(self, name: Callable[[str], str] = lambda url: url) -> Collector:
+        """Prometheus families of the feed (``kvroute_kv_events_*``), computed when scraped."""
+        return _FeedCollector(self, name)
+
+
+def _events(socket: zmq.asyncio.Socket) -> int:
+    """The socket's ready flags, read without waiting."""
+    flags: Any = socket.getsockopt(zmq.EVENTS)
+    return int(flags)
+
+
+class _FeedCollector(Collector):
+    def __init__(self, feed: KVEventFeed, name: Callable[[str], str]) -> None:
+        self.feed = feed
+        self.name = name
+
+    def collect(self) -> Iterator[Metric]:
+        feed, name = self.feed, self.name
+        live = GaugeMetricFamily(
+            "kvroute_kv_events_live",
+            "1 if the worker's cache is read from its KV events now, 0 if it falls back to "
+            "the approximate index",
+            labels=["worker", "status"],
+        )
+        blocks = GaugeMetricFamily(
+            "kvroute_kv_events_blocks", "Pages the worker's events say it holds", labels=["worker"]
+        )
+        counts = {
+            "batches": CounterMetricFamily(
+                "kvroute_kv_events_batches", "KV-event batches applied", labels=["worker"]
+            ),
+            "gaps": CounterMetricFamily(
+                "kvroute_kv_events_gaps", "Sequence gaps seen", labels=["worker"]
+            ),
+            "replays": CounterMetricFamily(
+                "kvroute_kv_events_replays", "Replay requests made", labels=["worker"]
+            ),
+            "lost": CounterMetricFamily(
+                "kvroute_kv_events_lost",
+                "Times events were lost for good and the worker's set was rebuilt",
+                labels=["worker"],
+            ),
+            "restarts": CounterMetricFamily(
+                "kvroute_kv_events_restarts", "Publisher restarts seen", labels=["worker"]
+            ),
+        }
+        dropped = CounterMetricFamily(
+            "kvroute_kv_events_dropped",
+            "Messages dropped (malformed, oversized, wrong frames)",
+            labels=["worker", "reason"],
+        )
+        for url, stream in feed.streams.items():
+            worker = feed.blocks.workers[url]
+            label = name(url)
+            live.add_metric([label, worker.status], 1.0 if worker.status == "live" else 0.0)
+            blocks.add_metric([label], float(worker.blocks))
+            c = stream.counters
+            counts["batches"].add_metric([label], float(c.applied))
+            counts["gaps"].add_metric([label], float(c.gaps))
+            counts["replays"].add_metric([label], float(c.replays))
+            counts["lost"].add_metric([label], float(c.lost))
+            counts["restarts"].add_metric([label], float(c.restarts))
+            for reason, n in c.dropped.items():
+                dropped.add_metric([label, reason], float(n))
+        yield live
+        yield blocks
+        yield from counts.values()
+        yield dropped
