@@ -1,0 +1,265 @@
+"""Real engines as local workers: SGLang (or vLLM) on a CPU, serving the tiny model.
+
+``kvroute cluster --engine sglang``, the real-engine tier (``tests/engine_real``) and
+``benchmarks/real_engine.py`` start workers through this module. The engines live in their own
+virtualenvs, built once by ``scripts/real_engine_setup.sh`` with the tiny model it makes (nothing
+is downloaded): SGLang with kvroute's RLT plugin and a CPU stand-in for ``sgl_kernel``, and,
+with ``--vllm``, vLLM's CPU build. Paths come from the environment, with these defaults:
+
+- ``KVROUTE_ENGINE_VENV``: ``~/.cache/kvroute/venv-engine``
+- ``KVROUTE_VLLM_VENV``: ``~/.cache/kvroute/venv-vllm``
+- ``KVROUTE_TINY_MODEL``: ``~/.cache/kvroute/tiny-llama``
+
+Each server gets one OpenMP thread unless ``OMP_NUM_THREADS`` says otherwise: two CPU-bound
+servers on two cores must not fight over them. RLT is an SGLang radix-cache backend; a vLLM
+worker keeps vLLM's own prefix cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sim.local_cluster import LocalCluster, free_port, wait_healthy
+
+__all__ = [
+    "ENGINES",
+    "SETUP_SCRIPT",
+    "EngineCluster",
+    "EngineEnvMissing",
+    "EngineSpec",
+    "engine_argv",
+    "engine_env",
+    "engine_python",
+    "fit_to_vocab",
+    "model_dir",
+    "vocab_size",
+]
+
+ENGINES = ("sglang", "vllm")
+SETUP_SCRIPT = "scripts/real_engine_setup.sh"
+SERVED_MODEL_NAME = "tiny-llama"
+_CACHE = Path("~/.cache/kvroute")
+
+
+class EngineEnvMissing(RuntimeError):
+    """The real-engine environment (virtualenv or tiny model) is not installed."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """One worker: which engine, and for SGLang which radix cache and how large a KV pool.
+
+    ``radix_cache_backend`` None is SGLang's default (its LRU radix cache); ``"rlt"`` is
+    kvroute's plugin. ``max_total_tokens`` is SGLang's KV pool in tokens.
+    """
+
+    engine: str = "sglang"
+    radix_cache_backend: str | None = "rlt"
+    max_total_tokens: int = 20000
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; use one of {', '.join(ENGINES)}")
+        if self.engine == "vllm" and self.radix_cache_backend is not None:
+            raise ValueError(
+                "a radix-cache backend (RLT) is SGLang's: a vLLM worker keeps vLLM's own "
+                "prefix cache (give radix_cache_backend=None)"
+            )
+        if self.max_total_tokens < 1:
+            raise ValueError("max_total_tokens must be positive")
+
+    @property
+    def label(self) -> str:
+        if self.engine == "vllm":
+            return "vllm"
+        return f"sglang-{self.radix_cache_backend or 'lru'}"
+
+
+def _path(env: Mapping[str, str], name: str, default: str) -> Path:
+    return Path(env.get(name) or str(_CACHE / default)).expanduser()
+
+
+def _missing(what: str, where: Path, variable: str, flag: str = "") -> EngineEnvMissing:
+    return EngineEnvMissing(
+        f"{what} is not installed ({where} has none; {variable} moves it). Install it once "
+        f"from a kvroute checkout: {SETUP_SCRIPT}{flag} (a few minutes, cached in "
+        "~/.cache/kvroute; nothing is downloaded when a worker starts)"
+    )
+
+
+def engine_python(engine: str, env: Mapping[str, str] = os.environ) -> Path:
+    """The interpreter of the engine's virtualenv; EngineEnvMissing says how to install it."""
+    if engine == "sglang":
+        venv = _path(env, "KVROUTE_ENGINE_VENV", "venv-engine")
+        if not (venv / ".kvroute-real-engine").is_file() or not (venv / "bin/python").exists():
+            raise _missing("the SGLang real-engine environment", venv, "KVROUTE_ENGINE_VENV")
+    elif engine == "vllm":
+        venv = _path(env, "KVROUTE_VLLM_VENV", "venv-vllm")
+        if not (venv / ".kvroute-vllm-recipe").is_file() or not (venv / "bin/python").exists():
+            raise _missing("vLLM's CPU environment", venv, "KVROUTE_VLLM_VENV", " --vllm")
+    else:
+        raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
+    return venv / "bin/python"
+
+
+def model_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """The tiny model's directory; EngineEnvMissing says how to build it."""
+    path = _path(env, "KVROUTE_TINY_MODEL", "tiny-llama")
+    if not (path / "config.json").is_file():
+        raise _missing("the tiny model", path, "KVROUTE_TINY_MODEL")
+    return path
+
+
+def vocab_size(model: Path) -> int:
+    """The model's vocabulary size, from its ``config.json``."""
+    config = json.loads((model / "config.json").read_text())
+    return int(config["vocab_size"])
+
+
+def fit_to_vocab(ids: Sequence[int], size: int, reserved: int = 4) -> list[int]:
+    """Token ids folded into a small model's vocabulary, above its special tokens.
+
+    Workloads draw ids from Llama 3's 128k vocabulary; the tiny model has ~1,000. Folding is
+    one function of the id, so prompts that shared a prefix still share it (and distinct
+    tails rarely collide: 1 in ``size - reserved`` per position).
+
+    >>> fit_to_vocab([0, 3, 996, 128000], 1000)
+    [4, 7, 4, 516]
+    """
+    span = size - reserved
+    if span < 1:
+        raise ValueError(f"a vocabulary of {size} leaves no ids above {reserved} special ones")
+    return [reserved + i % span for i in ids]
+
+
+def engine_argv(spec: EngineSpec, python: Path, model: Path, host: str, port: int) -> list[str]:
+    """The server's command line (flags tested on a CPU; see docs/sglang_plugin.md)."""
+    common = ["--host", host, "--port", str(port), "--served-model-name", SERVED_MODEL_NAME]
+    if spec.engine == "vllm":
+        return [
+            str(python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model), *common,
+            "--enable-prefix-caching", "--enable-prompt-tokens-details",
+            "--max-model-len", "4096", "--dtype", "bfloat16",
+            *spec.extra_args,
+        ]  # fmt: skip
+    backend = spec.radix_cache_backend
+    return [
+        str(python), "-m", "sglang.launch_server",
+        "--model-path", str(model), *common,
+        "--device", "cpu", "--attention-backend", "torch_native",
+        "--sampling-backend", "pytorch", "--grammar-backend", "none",
+        "--disable-cuda-graph", "--disable-overlap-schedule",
+        "--max-total-tokens", str(spec.max_total_tokens), "--mem-fraction-static", "0.05",
+        "--enable-metrics", "--enable-cache-report",
+        *(["--radix-cache-backend", backend] if backend else []),
+        *spec.extra_args,
+    ]  # fmt: skip
+
+
+def engine_env(engine: str, base: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The server's environment: offline, one OpenMP thread unless told, the CPU switches."""
+    env = dict(base)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    # The router's virtualenv must not leak into the engine's interpreter.
+    env.pop("PYTHONPATH", None)
+    env.pop("VIRTUAL_ENV", None)
+    if engine == "sglang":
+        # Without it SGLang's CPU code paths stay off (the rotary embedding imports vllm).
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+    else:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # serves POST /reset_prefix_cache (flush)
+    return env
+
+
+@dataclass
+class EngineCluster(LocalCluster):
+    """Real engine workers (one per spec) plus at most one router, all on loopback.
+
+    ``start_workers`` starts every worker at once and waits for each ``/health`` (SGLang on a
+    CPU: ~25 s; vLLM: ~60 s). Logs go to ``log_dir`` (a temporary directory if not given);
+    a worker that dies before it is healthy raises with the end of its log.
+    """
+
+    specs: Sequence[EngineSpec] = (EngineSpec(),)
+    start_timeout_s: float = 300.0
+    startup_s: list[float] = field(default_factory=list)
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    def __post_init__(self) -> None:
+        self.workers = len(self.specs)
+        if self.log_dir is None:
+            self.log_dir = tempfile.mkdtemp(prefix="kvroute-engines-")
+
+    def log_path(self, index: int) -> Path:
+        return Path(self.log_dir or ".") / f"worker-{index}.log"
+
+    def start_workers(self, seed: int = 0) -> list[str]:
+        del seed  # greedy decoding on seeded weights: nothing random to seed
+        model = model_dir(self.env)
+        started = time.monotonic()
+        for i, spec in enumerate(self.specs):
+            python = engine_python(spec.engine, self.env)
+            port = free_port(self.host)
+            argv = engine_argv(spec, python, model, self.host, port)
+            self._workers.append(self._spawn_env(argv, f"worker-{i}", engine_env(spec.engine)))
+            self.worker_urls.append(f"http://{self.host}:{port}")
+        for i, (url, proc) in enumerate(zip(self.worker_urls, self._workers, strict=True)):
+            remaining = max(1.0, self.start_timeout_s - (time.monotonic() - started))
+            try:
+                wait_healthy(url, remaining, proc)
+            except (RuntimeError, TimeoutError) as exc:
+                raise RuntimeError(f"{exc}; the end of its log:\n{self.log_tail(i)}") from exc
+            self.startup_s.append(time.monotonic() - started)
+        return self.worker_urls
+
+    def _spawn_env(
+        self, argv: list[str], name: str, env: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
+        os.makedirs(self.log_dir or ".", exist_ok=True)
+        with open(Path(self.log_dir or ".") / f"{name}.log", "wb") as log:
+            return subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+            )
+
+    def log_tail(self, index: int, lines: int = 30) -> str:
+        try:
+            text = self.log_path(index).read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def flush(self) -> None:
+        """Empty every worker's prefix cache (SGLang ``/flush_cache``, vLLM's reset)."""
+        import urllib.request
+
+        for url, spec in zip(self.worker_urls, self.specs, strict=True):
+            path = "/flush_cache" if spec.engine == "sglang" else "/reset_prefix_cache"
+            with urllib.request.urlopen(
+                urllib.request.Request(url + path, method="POST"), timeout=30
+            ) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"{url} refused to flush its cache")
+
+    def kill_worker(self, index: int) -> None:
+        """SIGKILL one worker's process group (the engine's every process), as a crash would."""
+        proc = self._workers[index]
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        proc.wait(timeout=10)
+
+    def alive(self) -> list[bool]:
+        return [proc.poll() is None for proc in self._workers]
