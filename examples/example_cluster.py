@@ -84,7 +84,9 @@ def add_cluster_arguments(
         help="the router's admin token (default: $KVROUTE_ADMIN_TOKEN)",
     )
     g.add_argument("--workers", type=int, default=workers, help="emulated workers to start")
-    g.add_argument("--eviction", choices=["lru", "rlt"], default="rlt")
+    g.add_argument(
+        "--eviction", choices=["lru", "rlt"], default="rlt", help="eviction of the workers we start"
+    )
     g.add_argument("--policy", default="lbgr", help="routing policy of the router we start")
     g.add_argument(
         "--time-scale",

@@ -3,11 +3,12 @@
 Starts 4 emulated workers and a router (or uses ``--url``), sends one request carrying a
 long system prompt so that one worker caches it, then asks the router what it would do with
 a second prompt sharing that system prompt, and prints the per-worker breakdown: cached and
-uncached units, the service estimate, the queue term, the learned residual, the prediction.
+uncached units, the request's own time, what the worker's load adds, the learned residual,
+the prediction, the delay it would add to the worker's other requests and the cost compared.
 Then it sends that prompt for real and prints the recorded decision with its outcome
 (latency, TTFT, the residual model's error). The JSON schema is in ``docs/explain.md``.
 
-    python examples/explain.py                         # own emulated cluster, ~10 s
+    python examples/explain.py                         # own emulated cluster, ~15 s
     python examples/explain.py --url http://localhost:8000 --prompt "..."
 """
 
@@ -20,51 +21,12 @@ from typing import Any
 
 from example_cluster import Router, add_cluster_arguments, open_router
 
+from kvroute.explain_table import format_decision, format_outcome
+
 SYSTEM_PROMPT = (
     "You are a support assistant for a cloud GPU provider. Answer in two sentences, cite the "
     "relevant section of the handbook, and never invent prices. " * 12
 )
-COLUMNS = (
-    ("worker", "worker", "{}"),
-    ("cached", "cached", "{:d}"),
-    ("uncached", "uncached", "{:d}"),
-    ("base ms", "base_ms", "{:.1f}"),
-    ("queue ms", "queue_ms", "{:.1f}"),
-    ("residual ms", "residual_ms", "{:.1f}"),
-    ("predicted ms", "predicted_ms", "{:.1f}"),
-    ("in flight", "in_flight", "{:d}"),
-)
-
-
-def format_decision(decision: dict[str, Any]) -> str:
-    """A decision as a text table, the chosen worker marked with ``*``."""
-    rows = [[title for title, _, _ in COLUMNS] + ["eligible"]]
-    for c in decision["candidates"]:
-        cells = ["-" if c.get(k) is None else fmt.format(c[k]) for _, k, fmt in COLUMNS]
-        if c["worker"] == decision["chosen"]:
-            cells[0] = "* " + cells[0]
-        cells.append("yes" if c["eligible"] else f"no: {c['reason']}")
-        rows.append(cells)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    model = decision.get("model") or {}
-    head = (
-        f"decision {decision['decision_id']}: policy {decision['policy']}"
-        + (f", model {model.get('kind')} v{model.get('version')}" if model else "")
-        + f", {decision.get('units')} units -> {decision['chosen']}"
-    )
-    return "\n".join([head, *lines])
-
-
-def format_outcome(outcome: dict[str, Any] | None) -> str:
-    if outcome is None:
-        return "outcome: not known yet"
-    parts = [
-        f"{key}={value:.1f}" if isinstance(value, float) else f"{key}={value}"
-        for key, value in outcome.items()
-        if value is not None
-    ]
-    return "outcome: " + ", ".join(parts)
 
 
 def body(prompt: str, max_new_tokens: int) -> dict[str, Any]:
@@ -83,6 +45,8 @@ def recorded(router: Router, decision_id: str, wait_s: float = 10.0) -> dict[str
 
 def run(router: Router, args: argparse.Namespace) -> dict[str, Any]:
     system = args.system_prompt
+    # Our own emulated workers run --time-scale times faster: their times are emulated.
+    clock = "emulated" if args.url is None and args.time_scale != 1 else ""
     print(f"1. warm-up: one request with the {len(system)}-character system prompt")
     status, headers, _ = router.call("POST", "/generate", body(system + "\nHello.", 8))
     if status != 200:
@@ -92,7 +56,7 @@ def run(router: Router, args: argparse.Namespace) -> dict[str, Any]:
     prompt = system + "\n" + args.prompt
     print("2. POST /explain: what the router would do now (nothing is sent or reserved)")
     dry_run = router.json("POST", "/explain", body(prompt, args.max_new_tokens))
-    print(format_decision(dry_run) + "\n")
+    print(format_decision(dry_run, clock=clock) + "\n")
 
     print("3. the same prompt for real, then GET /explain/{decision id}")
     status, headers, _ = router.call("POST", "/generate", body(prompt, args.max_new_tokens))
@@ -101,7 +65,7 @@ def run(router: Router, args: argparse.Namespace) -> dict[str, Any]:
     if decision_id is None:
         raise SystemExit("the response carried no X-KVRoute-Decision-Id: is --url a kvroute?")
     after = recorded(router, decision_id)
-    print(format_decision(after))
+    print(format_decision(after, clock=clock))
     print(format_outcome(after.get("outcome")))
     return {"dry_run": dry_run, "recorded": after, "status": status}
 

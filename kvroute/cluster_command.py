@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import sys
+import time
 import urllib.request
 from typing import Any
 
@@ -26,8 +28,10 @@ def add_parser(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--workers", type=_positive_int, default=4)
-    p.add_argument("--eviction", choices=["lru", "rlt"], default="rlt")
+    p.add_argument("--workers", type=_positive_int, default=4, help="emulated workers to start")
+    p.add_argument(
+        "--eviction", choices=["lru", "rlt"], default="rlt", help="the workers' cache eviction"
+    )
     p.add_argument(
         "--policy",
         nargs="+",
@@ -35,27 +39,43 @@ def add_parser(sub: Any) -> None:
         metavar="NAME",
         help="kvroute policies to run, one after another",
     )
-    p.add_argument("--capacity-tokens", type=_positive_int, default=None)
-    p.add_argument("--profile", default="llama3.1-8b-l40")
+    p.add_argument(
+        "--capacity-tokens",
+        type=_positive_int,
+        default=None,
+        help="KV capacity per worker (default: the profile's)",
+    )
+    p.add_argument(
+        "--profile",
+        default="llama3.1-8b-l40",
+        help="service model of the workers (sim/profiles.py)",
+    )
     p.add_argument(
         "--time-scale",
         type=_positive_float,
         default=10.0,
         help="emulated time runs this many times faster than real time",
     )
-    p.add_argument("--log-dir", default=None, help="keep worker and router logs here")
-    p.add_argument("--json", action="store_true", help="print all summaries as JSON last")
+    p.add_argument(
+        "--log-dir", default=None, help="keep worker and router logs here (default: discarded)"
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the summaries and the /explain sample as JSON last",
+    )
     add_workload_arguments(p)
     p.set_defaults(run=run, command_parser=p)
 
 
-def _explain_sample(router_url: str, prompt_ids: list[int]) -> dict[str, Any]:
+def _explain_sample(router_url: str, prompt_ids: list[int], token: str) -> dict[str, Any]:
     body = json.dumps({"input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 4}})
     req = urllib.request.Request(
         router_url + "/explain",
         data=body.encode(),
         method="POST",
-        headers={"Content-Type": "application/json"},
+        # With the admin token /explain shows every worker's figures (docs/explain.md).
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
     )
     with urllib.request.urlopen(req, timeout=10) as resp:  # loopback
         result: dict[str, Any] = json.loads(resp.read())
@@ -71,6 +91,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     workload = list(load_workload(args, parser))
     rows: list[dict[str, Any]] = []
+    token = secrets.token_hex(16)  # this run's routers' admin token, never shown
     explain: dict[str, Any] = {}
     with LocalCluster(
         workers=args.workers,
@@ -85,10 +106,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             f"{args.time_scale:g}x)...",
             file=sys.stderr,
         )
+        started = time.monotonic()
         cluster.start_workers(seed=args.seed)
+        print(f"workers ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
         for policy in args.policy:
             cluster.flush()
-            url = cluster.start_router("kvroute", policy)
+            url = cluster.start_router("kvroute", policy, extra=["--admin-token", token])
             cluster.warm_up()
             print(
                 f"{policy}: {len(workload)} requests at {args.rate:g} req/s "
@@ -103,10 +126,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             )
             rows.append(summary)
             if policy == args.policy[0]:
-                explain = _explain_sample(url, key_to_ids(workload[0].prompt))
+                explain = _explain_sample(url, key_to_ids(workload[0].prompt), token)
     print(markdown_table(rows))
     print(f"\n/explain for the first prompt of the workload, after the run ({args.policy[0]}):")
-    print(json.dumps(explain, indent=2))
+    from kvroute.explain_table import format_decision
+
+    print(format_decision(explain, seconds=True, clock="emulated" if args.time_scale != 1 else ""))
     if args.json:
-        print(json.dumps({"rows": rows}, sort_keys=True))
+        print(json.dumps({"rows": rows, "explain": explain}, sort_keys=True))
     return 0 if all(r["completed"] for r in rows) else 1

@@ -18,25 +18,38 @@ def add_parser(sub: Any) -> None:
         description="An HTTP server speaking SGLang's API, backed by kvroute's "
         "reference radix cache and a calibrated service model.",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--eviction", choices=["lru", "rlt"], default="lru")
+    p.add_argument("--host", default="127.0.0.1", help="bind address")
+    p.add_argument("--port", type=int, required=True, help="bind port (required)")
+    p.add_argument(
+        "--eviction",
+        choices=["lru", "rlt"],
+        default="rlt",
+        help="radix cache eviction: rlt (kvroute's randomized leaf-token eviction) or lru "
+        "(SGLang's own)",
+    )
     p.add_argument(
         "--capacity-tokens",
         type=positive_int,
         default=None,
         help="KV capacity in tokens (default: the profile's)",
     )
-    p.add_argument("--profile", choices=sorted(PROFILES), default="llama3.1-8b-l40")
+    p.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="llama3.1-8b-l40",
+        help="service model: model, GPU, KV capacity (sim/profiles.py)",
+    )
     p.add_argument(
         "--time-scale",
         type=positive_float,
         default=1.0,
         help="emulated time runs this many times faster than real time",
     )
-    p.add_argument("--page-size", type=positive_int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model-name", default="kvroute-emulated")
+    p.add_argument("--page-size", type=positive_int, default=1, help="KV cache page size in tokens")
+    p.add_argument("--seed", type=int, default=0, help="seed of RLT's random draws")
+    p.add_argument(
+        "--model-name", default="kvroute-emulated", help="the model name /v1/models reports"
+    )
     p.set_defaults(run=run, command_parser=p)
 
 

@@ -25,7 +25,11 @@ def add_parser(sub: Any) -> None:
         description="Run the kvroute router. Flags override KVROUTE_* environment "
         "variables, which override the --config YAML file.",
     )
-    p.add_argument("--config", default=None, help="YAML settings file")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="YAML settings file (default: none; KVROUTE_* variables and flags only)",
+    )
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="bind port (default 8000)")
     p.add_argument(
@@ -33,35 +37,67 @@ def add_parser(sub: Any) -> None:
         nargs="+",
         default=None,
         metavar="URL",
-        help="worker base URLs, e.g. http://127.0.0.1:30001",
+        help="worker base URLs with their port, e.g. http://127.0.0.1:30001 (default: none; "
+        "add them later with POST /workers)",
     )
     p.add_argument("--policy", default=None, help="routing policy (default lbgr)")
     p.add_argument(
         "--policy-params",
         default=None,
         metavar="JSON",
-        help='policy parameters, e.g. \'{"preset": "paper"}\' for cache_aware',
+        help='policy parameters, e.g. \'{"preset": "paper"}\' for cache_aware (default: the '
+        "policy's own; docs/routing.md)",
     )
-    p.add_argument("--model", default=None, help="residual model spec for lbgr (name or JSON)")
-    p.add_argument("--model-sharing", choices=["per_worker", "shared"], default=None)
-    p.add_argument("--redis-url", default=None, help="share load across replicas via Redis")
-    p.add_argument("--cluster", default=None, help="namespace of shared state in Redis")
-    p.add_argument("--admin-token", default=None, help="bearer token for the control plane")
-    p.add_argument("--replica-id", default=None, help="this replica's name in metrics/explain")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="residual model spec for lbgr, a name or JSON (default: ratio)",
+    )
+    p.add_argument(
+        "--model-sharing",
+        choices=["per_worker", "shared"],
+        default=None,
+        help="lbgr: one residual model per worker, or one shared (default per_worker)",
+    )
+    p.add_argument(
+        "--redis-url",
+        default=None,
+        help="share load, prefix index and model snapshots across replicas through this Redis, "
+        "e.g. redis://127.0.0.1:6379/0 (default: none, this replica alone)",
+    )
+    p.add_argument(
+        "--cluster", default=None, help="namespace of shared state in Redis (default: default)"
+    )
+    p.add_argument(
+        "--admin-token",
+        default=None,
+        help="bearer token for the control plane (default: none, control plane off); prefer "
+        "KVROUTE_ADMIN_TOKEN, which ps does not show",
+    )
+    p.add_argument(
+        "--replica-id",
+        default=None,
+        help="this replica's name in metrics and /explain (default: replica-<random>)",
+    )
     p.add_argument(
         "--model-snapshot-path",
         default=None,
         help="save/load models here (needs a snapshot key: KVROUTE_MODEL_SNAPSHOT_KEY or "
-        "--model-snapshot-key-file)",
+        "--model-snapshot-key-file; default: none, models start fresh)",
     )
     p.add_argument(
         "--model-snapshot-key-file",
         default=None,
         metavar="PATH",
         help="a file holding the secret that signs model snapshots (at least 16 bytes; not the "
-        "admin token); without a key no snapshot is read or written",
+        "admin token); without a key (the default) no snapshot is read or written",
     )
-    p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default=None,
+        choices=["debug", "info", "warning", "error"],
+        help="log level on stderr (default info)",
+    )
     p.add_argument(
         "--queue-slots",
         type=int,
@@ -90,7 +126,7 @@ def add_parser(sub: Any) -> None:
         type=float,
         default=None,
         help="workers are emulated X times faster than real time: decay load and "
-        "learn latencies on their clock (embedded load store only)",
+        "learn latencies on their clock (embedded load store only; default 1)",
     )
     p.set_defaults(run=run, command_parser=p)
 

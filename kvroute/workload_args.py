@@ -1,9 +1,10 @@
 """Workload flags shared by ``kvroute sim``, ``bench`` and ``cluster``, and the builder.
 
-One set of flags builds every workload of DESIGN 6: ``gsp`` (the paper's synthetic shared
-prefixes), ``multiturn`` (ShareGPT/UltraChat-like clients), ``longdoc`` (LooGLE-like), ``trace``
-(Mooncake JSONL replay), ``azure`` (Azure CSV arrivals) and ``cyclic`` (LRU's worst case).
-Generators need no files; ``--dataset`` and ``--trace`` read real text or traffic by path.
+One set of flags builds every workload (``docs/design.md``, *Workloads*): ``gsp`` (the
+paper's synthetic shared prefixes), ``multiturn`` (ShareGPT/UltraChat-like clients),
+``longdoc`` (LooGLE-like), ``trace`` (Mooncake JSONL replay), ``azure`` (Azure CSV arrivals)
+and ``cyclic`` (LRU's worst case). Generators need no files; ``--dataset`` and ``--trace``
+read real text or traffic by path.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = ["WORKLOADS", "add_workload_arguments", "build_workload", "describe_wo
 WORKLOADS = ("gsp", "multiturn", "longdoc", "trace", "azure", "cyclic")
 ORDERED = ("gsp", "longdoc")  # the workloads that take --order
 TRACES = ("trace", "azure")
+DEFAULT_PROFILE = "llama3.1-8b-l40"  # the service model a command without --profile sizes by
 
 
 def positive_int(text: str) -> int:
@@ -73,16 +75,26 @@ def int_list(minimum: int) -> Any:
     return parse
 
 
-def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+def add_workload_arguments(p: argparse.ArgumentParser, *, fleet: bool = True) -> None:
+    """The workload flags; ``fleet``: the command also takes ``--capacity-tokens`` and
+    ``--profile`` (``sim``, ``cluster``), which size the cyclic workload by default."""
     g = p.add_argument_group("workload")
     g.add_argument("--workload", choices=WORKLOADS, default="gsp", help="workload generator")
     g.add_argument(
         "--order", choices=GROUP_ORDERS, default="random", help="gsp and longdoc arrival order"
     )
     g.add_argument(
-        "--rate", type=positive_float, default=12.0, help="requests per second (Poisson)"
+        "--rate",
+        type=positive_float,
+        default=12.0,
+        help="mean arrival rate, requests per second (Poisson arrivals)",
     )
-    g.add_argument("--requests", type=positive_int, default=None, help="cap on requests sent")
+    g.add_argument(
+        "--requests",
+        type=positive_int,
+        default=None,
+        help="send at most this many requests (default: the whole workload)",
+    )
     g.add_argument("--seed", type=int, default=0, help="seed of the workload and the fleet")
     g.add_argument("--output-len", type=positive_int, default=4, help="output tokens per request")
     g.add_argument(
@@ -93,18 +105,36 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
         "(default: synthetic tokens)",
     )
     g.add_argument(
-        "--trace", default=None, metavar="PATH", help="trace: Mooncake JSONL; azure: Azure CSV"
+        "--trace",
+        default=None,
+        metavar="PATH",
+        help="trace: a Mooncake JSONL file; azure: an Azure LLM inference CSV (no default: "
+        "those workloads need it)",
     )
-    g.add_argument("--gsp-groups", type=positive_int, default=128)
-    g.add_argument("--gsp-prompts-per-group", type=positive_int, default=32)
-    g.add_argument("--gsp-prefix-ratio", type=float, default=0.5)
+    g.add_argument(
+        "--gsp-groups",
+        type=positive_int,
+        default=128,
+        help="gsp: groups of prompts sharing a prefix",
+    )
+    g.add_argument(
+        "--gsp-prompts-per-group", type=positive_int, default=32, help="gsp: prompts per group"
+    )
+    g.add_argument(
+        "--gsp-prefix-ratio",
+        type=float,
+        default=0.5,
+        help="gsp: share of each prompt that is its group's common prefix, in (0, 1)",
+    )
     g.add_argument(
         "--gsp-lens",
         type=int_list(2),
         default=(512, 1024, 2048, 4096, 8192),
-        help="total prompt lengths cycled over groups, comma-separated",
+        help="gsp: total prompt lengths in tokens, cycled over groups, comma-separated",
     )
-    g.add_argument("--clients", type=positive_int, default=128, help="multiturn clients")
+    g.add_argument(
+        "--clients", type=positive_int, default=128, help="multiturn: concurrent chat clients"
+    )
     g.add_argument(
         "--turns",
         type=int_list(1),
@@ -116,10 +146,16 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--docs", type=positive_int, default=128, help="longdoc: documents (at most)")
     g.add_argument(
-        "--questions-per-doc", type=positive_int, default=8, help="longdoc: synthetic questions"
+        "--questions-per-doc",
+        type=positive_int,
+        default=8,
+        help="longdoc: synthetic questions per document",
     )
     g.add_argument(
-        "--max-questions", type=positive_int, default=100, help="longdoc: per document from a file"
+        "--max-questions",
+        type=positive_int,
+        default=100,
+        help="longdoc: questions per document read from --dataset",
     )
     g.add_argument(
         "--doc-lens",
@@ -131,13 +167,23 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
         "--cyclic-capacity",
         type=positive_int,
         default=None,
-        help="cyclic: the cache the cycle overflows (default: --capacity-tokens or the profile's)",
+        help="cyclic: the KV capacity in tokens the cycle overflows (default: "
+        + (
+            "--capacity-tokens, else the --profile's)"
+            if fleet
+            else f"{get_profile(DEFAULT_PROFILE).kv_capacity_tokens}, the {DEFAULT_PROFILE} "
+            "profile's)"
+        ),
     )
     g.add_argument(
         "--cyclic-ratio", type=positive_float, default=1.1, help="cyclic: cycle tokens / capacity"
     )
-    g.add_argument("--cyclic-prompt-len", type=positive_int, default=1024)
-    g.add_argument("--cyclic-cycles", type=positive_int, default=5)
+    g.add_argument(
+        "--cyclic-prompt-len", type=positive_int, default=1024, help="cyclic: tokens per prompt"
+    )
+    g.add_argument(
+        "--cyclic-cycles", type=positive_int, default=5, help="cyclic: passes over the cycle"
+    )
 
 
 def build_workload(args: argparse.Namespace) -> RequestList | GSPWorkload:
@@ -186,7 +232,7 @@ def build_workload(args: argparse.Namespace) -> RequestList | GSPWorkload:
     capacity = (
         args.cyclic_capacity
         or getattr(args, "capacity_tokens", None)
-        or get_profile(getattr(args, "profile", "llama3.1-8b-l40")).kv_capacity_tokens
+        or get_profile(getattr(args, "profile", DEFAULT_PROFILE)).kv_capacity_tokens
     )
     cycle = CyclicConfig(
         capacity_tokens=capacity,

@@ -81,12 +81,27 @@ def test_cluster_prints_the_table_and_json_and_stops_every_process(
     urls = [w["worker"] for w in row["per_worker"]]
     assert sum(w["requests"] for w in row["per_worker"]) == 12
 
-    # The /explain sample sits between its heading and the JSON line.
-    start = next(i for i, line in enumerate(out) if line.startswith("/explain for the first"))
-    explain = json.loads("\n".join(out[start + 1 : -1]))
+    # The /explain sample: a per-worker table between its heading and the JSON line, in
+    # emulated seconds, the chosen worker marked; the same decision is in the JSON.
+    explain = json.loads(out[-1])["explain"]
     assert explain["policy"] == "lbgr"
-    assert explain["chosen"] in urls
-    assert sorted(c["worker"] for c in explain["candidates"]) == sorted(urls)
+    names = [c["worker"] for c in explain["candidates"]]  # labels, or URLs if exposed
+    assert len(names) == len(urls) == 2
+    start = next(i for i, line in enumerate(out) if line.startswith("/explain for the first"))
+    table = out[start + 1 : -1]
+    assert table[0].startswith(f"decision {explain['decision_id']}: policy lbgr")
+    assert table[1].split() == [
+        "worker", "cached", "uncached", "base", "queue", "residual", "predicted", "impact",
+        "cost", "in", "flight", "eligible",
+    ]  # fmt: skip
+    rows = {line.split()[-11]: line for line in table[2:4]}  # all eligible: "yes" is last
+    assert sorted(rows) == sorted(names)
+    assert rows[explain["chosen"]].lstrip().startswith("* ")
+    assert table[4] == "times in emulated seconds; what each column means: docs/explain.md"
+    for candidate in explain["candidates"]:  # seconds, 3 decimals: no 1.55e-13
+        cells = rows[candidate["worker"]].split()
+        assert cells[-8] == f"{candidate['base_ms'] / 1000:.3f}"
+        assert "e-" not in rows[candidate["worker"]]
 
     assert children() == before, "kvroute cluster left child processes running"
     assert all(refuses_connections(url) for url in urls)
