@@ -8,11 +8,15 @@ from functools import partial
 from aiohttp import web
 
 from kvroute import __version__
+from router_service.tokenizer import PromptTokenizer
+from sim.emulator.kv_publisher import KVEventPublisher, KVEventsSettings
 from sim.emulator.runtime import EmulatedRuntime
-from sim.emulator.server import CONFIG, RUNTIME, EmulatorConfig, handle
+from sim.emulator.server import CONFIG, RUNTIME, TOKENIZER, EmulatorConfig, handle
 from sim.profiles import get_profile
 
-__all__ = ["create_emulator_app"]
+__all__ = ["PUBLISHER", "create_emulator_app"]
+
+PUBLISHER = web.AppKey("kv_publisher", KVEventPublisher)
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -67,6 +71,11 @@ async def _server_info(request: web.Request) -> web.Response:
             "page_size": config.page_size,
             "time_scale": config.time_scale,
             "internal_states": [{"avg_spec_accept_length": None}],
+            "kv_events": (
+                request.app[PUBLISHER].describe(config.page_size)
+                if PUBLISHER in request.app
+                else None
+            ),
         }
     )
 
@@ -123,8 +132,15 @@ def create_emulator_app(config: EmulatorConfig) -> web.Application:
     """An emulated SGLang worker; the scheduler starts and stops with the app."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[CONFIG] = config
+    if config.tokenizer is not None:
+        app[TOKENIZER] = PromptTokenizer(config.tokenizer)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        publisher = None
+        if config.kv_events_config is not None:
+            publisher = KVEventPublisher(KVEventsSettings.parse(config.kv_events_config))
+            app[PUBLISHER] = publisher
+            publisher.start()
         runtime = EmulatedRuntime(
             get_profile(config.profile),
             config.eviction,
@@ -132,11 +148,14 @@ def create_emulator_app(config: EmulatorConfig) -> web.Application:
             time_scale=config.time_scale,
             page_size=config.page_size,
             seed=config.seed,
+            on_events=publisher.publish if publisher is not None else None,
         )
         app[RUNTIME] = runtime
         runtime.start()
         yield
         await runtime.stop()
+        if publisher is not None:
+            await publisher.close()
 
     app.cleanup_ctx.append(lifecycle)
     add = app.router.add_route

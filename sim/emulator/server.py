@@ -21,13 +21,17 @@ from typing import Any
 from aiohttp import web
 
 from engine_ext.cache.keys import MAX_TOKEN_ID, ids_to_key
+from router_service.tokenizer import PromptTokenizer, TokenizerError
 from sim.emulator.runtime import EmulatedRuntime, Submission
 from sim.emulator.tokenizer import decode_filler, encode
 from sim.engine import EngineRequest, RequestTooLarge
 
-__all__ = ["CONFIG", "RUNTIME", "EmulatorConfig", "handle"]
+__all__ = ["CONFIG", "RUNTIME", "TOKENIZER", "EmulatorConfig", "handle"]
 
 RUNTIME = web.AppKey("runtime", EmulatedRuntime)
+# With ``EmulatorConfig.tokenizer``: text is tokenized as SGLang would with that tokenizer
+# (the router's ``--tokenizer`` code), instead of the built-in word tokenizer.
+TOKENIZER = web.AppKey("tokenizer", PromptTokenizer)
 
 
 @dataclass(frozen=True)
@@ -87,11 +91,11 @@ def _ids(value: Any, field: str) -> list[int]:
     return value
 
 
-def _prompt_ids(value: Any, field: str) -> list[int]:
+def _prompt_ids(value: Any, field: str, tokenizer: PromptTokenizer | None = None) -> list[int]:
     if isinstance(value, list) and value and isinstance(value[0], str):
         value = value[0]
     if isinstance(value, str):
-        ids = encode(value)
+        ids = encode(value) if tokenizer is None else tokenizer.encode_text(value)
         if not ids:
             raise BadRequest(f"{field} must not be empty")
         return ids
@@ -116,7 +120,9 @@ class _Job:
     stream: bool
 
 
-def _job(body: dict[str, Any], kind: str, default_new: int) -> _Job:
+def _job(
+    body: dict[str, Any], kind: str, default_new: int, tokenizer: PromptTokenizer | None = None
+) -> _Job:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("stream must be a boolean")
@@ -126,7 +132,7 @@ def _job(body: dict[str, Any], kind: str, default_new: int) -> _Job:
         ids = (
             _ids(body["input_ids"], "input_ids")
             if body.get("input_ids") is not None
-            else _prompt_ids(body["text"], "text")
+            else _prompt_ids(body["text"], "text", tokenizer)
         )
         params = body.get("sampling_params") or {}
         if not isinstance(params, dict):
@@ -135,7 +141,7 @@ def _job(body: dict[str, Any], kind: str, default_new: int) -> _Job:
     elif kind == "completions":
         if body.get("prompt") is None:
             raise BadRequest("prompt is required")
-        ids = _prompt_ids(body["prompt"], "prompt")
+        ids = _prompt_ids(body["prompt"], "prompt", tokenizer)
         max_new = _max_new(body.get("max_tokens"), default_new, "max_tokens")
     else:
         messages = body.get("messages")
@@ -146,7 +152,13 @@ def _job(body: dict[str, Any], kind: str, default_new: int) -> _Job:
             for m in messages
             if isinstance(m, dict)
         )
-        ids = encode(text + "<|assistant|>")
+        if tokenizer is not None:
+            try:
+                ids = tokenizer.encode_chat(body)
+            except TokenizerError as exc:
+                raise BadRequest(str(exc)) from None
+        else:
+            ids = encode(text + "<|assistant|>")
         max_new = _max_new(
             body.get("max_completion_tokens", body.get("max_tokens")), default_new, "max_tokens"
         )
@@ -197,7 +209,12 @@ async def handle(request: web.Request, kind: str) -> web.StreamResponse:
     runtime, config = request.app[RUNTIME], request.app[CONFIG]
     arrived_s, started_ms = time.monotonic(), runtime.now_ms()
     try:
-        job = _job(await _json(request), kind, config.default_max_new_tokens)
+        job = _job(
+            await _json(request),
+            kind,
+            config.default_max_new_tokens,
+            request.app.get(TOKENIZER),
+        )
         sub = await _run(runtime, job, arrived_s)
     except BadRequest as exc:
         return _error(400, exc.message)

@@ -1,0 +1,145 @@
+"""The exact block sets: page hashes, events in, matches out, liveness on an injected clock.
+
+The reference cache's own events (``sim.cache_events``) drive the sets through random
+inserts and evictions under LRU and RLT; after every step a set's match of any key must be
+exactly what the cache holds of it (page-aligned), for every worker at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import pytest
+
+from engine_ext.cache.keys import ids_to_key
+from router_service.kv_wire import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from router_service.routing.block_hash import page_hashes
+from router_service.routing.block_sets import BlockSets
+from sim.cache_events import EventedRadixCache
+
+
+def reference_hashes(ids: list[int], page: int) -> list[int]:
+    """SGLang's hash_page / hash_str_to_int64, written out independently."""
+    out, prior = [], b""
+    for start in range(0, len(ids) // page * page, page):
+        data = b"".join(t.to_bytes(4, "little") for t in ids[start : start + page])
+        prior = hashlib.sha256(prior + data).digest()
+        value = int(prior.hex()[:16], 16)
+        out.append(value - 2**64 if value >= 2**63 else value)
+    return out
+
+
+@pytest.mark.parametrize("page", [1, 4, 16])
+def test_page_hashes_are_sglangs_chain(page: int) -> None:
+    rng = random.Random(page)
+    ids = [rng.randrange(0, 128_256) for _ in range(100)]
+    assert page_hashes(ids, page) == reference_hashes(ids, page)
+    assert page_hashes(ids_to_key(ids), page) == reference_hashes(ids, page)  # key strings
+    assert len(page_hashes(ids, page)) == 100 // page  # a partial page is not hashed
+
+
+def batch(*events: object) -> EventBatch:
+    return EventBatch(0.0, list(events))  # type: ignore[arg-type]
+
+
+def stored(ids: list[int], page: int = 2, parent: int | None = None) -> BlockStored:
+    return BlockStored(page_hashes(ids, page), parent, ids, page, None)
+
+
+def test_match_walks_all_workers_at_once_and_stops_at_the_first_missing_page() -> None:
+    sets = BlockSets()
+    for url in ("a", "b", "c"):
+        sets.add(url)
+    ids = [1, 2, 3, 4, 5, 6, 7, 8]
+    sets.apply("a", batch(stored(ids)), 0.0)
+    sets.apply("b", batch(stored(ids[:4])), 0.0)
+    sets.apply("c", batch(AllBlocksCleared()), 0.0)
+    matched, reasons = sets.match("r1", [*ids, 9], ["a", "b", "c"])
+    assert matched == {"a": 8, "b": 4, "c": 0}
+    assert reasons == {}
+    # Pages past a missing one never count (the tree holds prefixes only).
+    sets.apply("b", batch(BlockRemoved(page_hashes(ids, 2)[:1])), 0.0)
+    assert sets.match("r2", ids, ["b"])[0] == {"b": 0}
+    sets.check_invariants()
+
+
+def test_removals_clears_and_worker_removal_keep_counts_exact() -> None:
+    sets = BlockSets()
+    sets.add("a")
+    sets.add("b")
+    ids = list(range(10, 30))
+    sets.apply("a", batch(stored(ids)), 0.0)
+    sets.apply("b", batch(stored(ids)), 0.0)
+    assert sets.workers["a"].blocks == sets.workers["b"].blocks == 10
+    sets.apply("a", batch(BlockRemoved(page_hashes(ids, 2)[5:])), 0.0)
+    assert sets.workers["a"].blocks == 5
+    sets.apply("b", batch(AllBlocksCleared()), 0.0)
+    assert sets.workers["b"].blocks == 0
+    sets.check_invariants()
+    sets.remove("a")
+    assert sets.holders == {}
+    sets.add("c")  # takes the free slot
+    assert sets.workers["c"].slot == 0
+
+
+def test_a_store_whose_parent_was_never_seen_is_counted() -> None:
+    sets = BlockSets()
+    sets.add("a")
+    sets.apply("a", batch(stored([5, 6], parent=12345)), 0.0)
+    assert sets.workers["a"].orphans == 1
+
+
+def test_a_worker_is_matched_on_its_events_only_while_they_are_live() -> None:
+    sets = BlockSets(stale_s=10.0)
+    sets.add("a")
+    assert sets.match("r", [1, 2], ["a"]) == ({}, {"a": "events connecting: no event yet"})
+    sets.apply("a", batch(stored([1, 2])), now_ms=0.0)
+    assert sets.fallback("a") is None
+    sets.expect("a", uncached_tokens=1, now_ms=1_000.0)  # less than a page: nothing due
+    assert sets.refresh(now_ms=60_000.0) == []
+    sets.expect("a", uncached_tokens=2, now_ms=1_000.0)  # a page to store: an event is due
+    assert sets.refresh(now_ms=11_000.0) == []
+    assert sets.refresh(now_ms=11_001.0) == ["a"]
+    matched, reasons = sets.match("r", [1, 2], ["a"])
+    assert matched == {}
+    assert reasons["a"].startswith("events stale: no event 10 s after a request")
+    sets.apply("a", batch(), now_ms=12_000.0)  # the next batch: live again
+    assert sets.match("r", [1, 2], ["a"]) == ({"a": 2}, {})
+
+
+@pytest.mark.parametrize("eviction", ["lru", "rlt"])
+@pytest.mark.parametrize("page", [1, 4])
+def test_sets_fed_by_the_reference_cache_match_it_exactly(eviction: str, page: int) -> None:
+    """Random prompts sharing prefixes through two small caches that evict all the time."""
+    rng = random.Random(7)
+    caches = {
+        url: EventedRadixCache(400, eviction, page_size=page, rng=random.Random(i))
+        for i, url in enumerate(("w0", "w1"))
+    }
+    sets = BlockSets()
+    for url, cache in caches.items():
+        sets.add(url)
+        sets.apply(url, EventBatch(0.0, cache.events.take()), 0.0)  # its AllBlocksCleared
+    prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(8, 60))] for _ in range(6)]
+
+    def prompt() -> list[int]:
+        return rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randrange(0, 40))]
+
+    for step in range(300):
+        url = rng.choice(list(caches))
+        cache = caches[url]
+        ids = prompt()
+        cache.ensure_free(len(ids))
+        cache.insert(ids_to_key(ids))
+        if step % 7 == 0:
+            cache.evict(rng.randrange(1, 120))
+        sets.apply(url, EventBatch(0.0, cache.events.take()), 0.0)
+        probe = prompt()
+        matched, _ = sets.match(f"p{step}", probe, list(caches))
+        for name, other in caches.items():
+            held = other.peek_prefix(ids_to_key(probe))
+            assert matched[name] == held // page * page, (step, name)
+    sets.check_invariants()
+    for url, cache in caches.items():
+        assert sets.workers[url].blocks == cache.total_tokens // page
