@@ -1,9 +1,8 @@
-"""``kvroute sim``: what-if studies on a simulated fleet (no GPU, no network).
+"""``kvroute sim``: what-if studies on the simulated fleet (DESIGN 6 and 7).
 
 Every combination of ``--policy`` and ``--eviction`` is simulated on the same workload; a
 markdown table goes to stdout, and with ``--json`` the last line is one JSON object: the
-run's summary for a single combination, ``{"rows": [...]}`` for several (its keys:
-docs/design.md, *The summary of sim and bench --json*).
+DESIGN 7 summary for a single combination, ``{"rows": [...]}`` for several.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from engine_ext.cache import MARKINGS
 from kvroute.workload_args import (
     add_workload_arguments,
     build_workload,
@@ -27,7 +27,7 @@ from kvroute.workload_args import (
 from models import ModelSpecError, parse_spec
 from router_service.routing import HoldSettings, policy_names
 from sim.ceiling import OfflineLimits
-from sim.cluster import ClusterConfig, simulate
+from sim.cluster import PROMPT_FORMATS, ClusterConfig, simulate
 from sim.profiles import PROFILES
 from sim.report import TABLE_COLUMNS, markdown_table, summarize
 from sim.workloads import Workload, WorkloadFileError
@@ -78,7 +78,7 @@ def add_parser(sub: Any) -> None:
         help="trace/azure replay: divide the trace's timestamps by this (2 = twice the load)",
     )
     f = p.add_argument_group("fleet and router")
-    f.add_argument("--workers", type=_positive_int, default=4, help="simulated workers")
+    f.add_argument("--workers", type=_positive_int, default=4)
     f.add_argument(
         "--policy",
         nargs="+",
@@ -105,7 +105,7 @@ def add_parser(sub: Any) -> None:
         type=_speeds,
         default=None,
         metavar="S,S,...",
-        help="relative speed per worker, e.g. 0.5,1,1,1 for a heterogeneous fleet (default: all 1)",
+        help="relative speed per worker, e.g. 0.5,1,1,1 (heterogeneous fleet)",
     )
     f.add_argument(
         "--speed-change",
@@ -113,7 +113,7 @@ def add_parser(sub: Any) -> None:
         action="append",
         default=[],
         metavar="WORKER:AT_S:SPEED",
-        help="drift: worker WORKER runs at SPEED from AT_S on (repeatable; default: none)",
+        help="drift: worker WORKER runs at SPEED from AT_S on",
     )
     f.add_argument(
         "--cache-aware-preset",
@@ -126,8 +126,7 @@ def add_parser(sub: Any) -> None:
         type=float,
         default=None,
         metavar="X",
-        help="cache_aware: override the preset's cache_threshold (match rate needed, 0..1; "
-        "default: the preset's)",
+        help="cache_aware: override the preset's cache_threshold (match rate needed, 0..1)",
     )
     f.add_argument(
         "--queue-slots",
@@ -152,11 +151,21 @@ def add_parser(sub: Any) -> None:
         help="with --queue-slots: a request waiting this long goes to any worker "
         "(default %(default)g)",
     )
+    f.add_argument("--profile", choices=sorted(PROFILES), default="llama3.1-8b-l40")
     f.add_argument(
-        "--profile",
-        choices=sorted(PROFILES),
-        default="llama3.1-8b-l40",
-        help="service model of each worker: model, GPU, KV capacity (sim/profiles.py)",
+        "--prompt-format",
+        choices=PROMPT_FORMATS,
+        default="ids",
+        help="what the client sends: token ids (the router matches tokens) or the prompt's "
+        "text (it matches characters, as sgl-router 0.4.6 and the paper's LBGR did with the "
+        "paper's text prompts; sim/text.py gives each token its characters)",
+    )
+    f.add_argument(
+        "--rlt-marking",
+        choices=MARKINGS,
+        default="path",
+        help="rlt: a cache match marks its whole path, or only the node it splits off "
+        "(split: the paper's code); an insert marks its path either way",
     )
     f.add_argument(
         "--capacity-tokens",
@@ -164,9 +173,7 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="KV capacity per worker (default: the profile's)",
     )
-    f.add_argument(
-        "--page-size", type=_positive_int, default=1, help="KV cache page size in tokens"
-    )
+    f.add_argument("--page-size", type=_positive_int, default=1)
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     o.add_argument(
@@ -209,6 +216,8 @@ def cluster_config(args: argparse.Namespace, policy: str, eviction: str) -> Clus
             free_at_first_token=args.queue_free_at == "first_token",
             free_at_last_token=args.queue_free_at == "last_token",
         ),
+        prompt_format=args.prompt_format,
+        marking=args.rlt_marking,
     )
 
 

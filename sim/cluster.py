@@ -10,6 +10,11 @@ released at ``max(its arrival_ms, the completion of that request)`` (a failed de
 releases it too, as a client moves on after an error); its latency and TTFT count from the
 release, as the client's own clock would. Requests without ``after`` arrive exactly as
 before.
+
+What the client sends (``prompt_format``): token ids (``"ids"``, the default), which the
+router matches token by token, or the prompt's text (``"text"``, ``sim.text``), which it
+matches character by character, as SGLang's router (and the paper's, built on it) does with
+the text the paper's benchmark client sends.
 """
 
 from __future__ import annotations
@@ -36,15 +41,30 @@ from router_service.routing import (
 from sim.engine import EngineRequest, RequestTooLarge
 from sim.kernel import Environment
 from sim.profiles import ServiceProfile, get_profile
+from sim.text import render_text
 from sim.worker import SimWorker
 from sim.workloads.base import Workload, WorkloadRequest
 
-__all__ = ["ClusterConfig", "RequestRecord", "SimRun", "simulate"]
+__all__ = [
+    "PROMPT_FORMATS",
+    "ClusterConfig",
+    "RequestRecord",
+    "SimRun",
+    "route_request",
+    "simulate",
+]
+
+PROMPT_FORMATS = ("ids", "text")
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """A fleet and its router. ``worker_speeds`` makes workers heterogeneous (1.0 = profile)."""
+    """A fleet and its router. ``worker_speeds`` makes workers heterogeneous (1.0 = profile).
+
+    ``prompt_format``: what the client sends the router (``PROMPT_FORMATS``, module
+    docstring). ``marking``: what a cache match marks under ``rlt`` (``engine_ext.cache``'s
+    ``MARKINGS``: the whole matched path, or only a node the match splits, as the paper's code).
+    """
 
     workers: int = 4
     policy: str = "lbgr"
@@ -57,6 +77,15 @@ class ClusterConfig:
     speed_changes: Sequence[tuple[int, float, float]] = ()  # (worker index, at s, new speed)
     seed: int = 0
     hold: HoldSettings = field(default_factory=HoldSettings)  # slots > 0: hold_queue
+
+    prompt_format: str = "ids"
+    marking: str = "path"
+
+    def __post_init__(self) -> None:
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ValueError(
+                f"unknown prompt_format {self.prompt_format!r}; known: {', '.join(PROMPT_FORMATS)}"
+            )
 
     def worker_urls(self) -> list[str]:
         return [f"http://sim-worker-{i}" for i in range(self.workers)]
@@ -106,6 +135,13 @@ class _InFlight:
     reservation: Reservation | None
     sent_ms: float  # when it left the router (after any time in the hold queue)
     holds_slot: bool = False  # a hold-queue slot, freed at the first token or the end
+
+
+def route_request(item: WorkloadRequest, prompt_format: str = "ids") -> RouteRequest:
+    """What the router is given for ``item``: its token ids, or its text (``sim.text``),
+    with the prompt's length in tokens either way."""
+    key = render_text(item.prompt) if prompt_format == "text" else item.prompt
+    return RouteRequest(item.rid, key, len(item.prompt), item.max_new_tokens)
 
 
 def simulate(
@@ -177,6 +213,7 @@ def simulate(
             config.eviction,
             page_size=config.page_size,
             rng=random.Random(rng.getrandbits(64)),
+            marking=config.marking,
         )
         workers.append(
             SimWorker(
@@ -194,7 +231,7 @@ def simulate(
     def arrive(item: WorkloadRequest) -> None:
         now = env.now_ms
         router.maybe_trim(now)
-        request = RouteRequest(item.rid, item.prompt, len(item.prompt), item.max_new_tokens)
+        request = route_request(item, config.prompt_format)
         if queue is None:
             send(item, request, now, None)
             return

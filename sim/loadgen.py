@@ -7,6 +7,10 @@ workers' ``/metrics`` (``sglang:cached_tokens_total`` / ``sglang:prompt_tokens_t
 paper's method), so it works the same with real SGLang workers. With ``time_scale`` X (for
 emulated workers running X times faster) arrivals are compressed X times and latencies are
 reported in emulated seconds (multiplied by X).
+
+Prompts go as token ids (``prompt_format="ids"``), or as their text (``"text"``,
+``sim.text``: the emulated worker tokenises it back into as many tokens), so that a router
+matches characters, as SGLang's router did on the paper's text prompts.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import aiohttp
 import numpy as np
 
 from engine_ext.cache.keys import key_to_ids
+from sim.text import render_text
 from sim.workloads.base import WorkloadRequest
 
 __all__ = ["BenchConfig", "RequestResult", "run_bench", "scrape_worker_metrics", "summarize_bench"]
@@ -38,6 +43,7 @@ class BenchConfig:
     timeout_s: float = 600.0
     worker_urls: Sequence[str] = ()
     headers: dict[str, str] = field(default_factory=dict)
+    prompt_format: str = "ids"  # ids | text (module docstring)
 
 
 @dataclass
@@ -58,17 +64,18 @@ class RequestResult:
 
 
 def _payload(item: WorkloadRequest, config: BenchConfig) -> dict[str, Any]:
-    ids = key_to_ids(item.prompt)
+    text = config.prompt_format == "text"
+    prompt: Any = render_text(item.prompt) if text else key_to_ids(item.prompt)
     if config.api == "completions":
         return {
             "model": config.model,
-            "prompt": ids,
+            "prompt": prompt,
             "max_tokens": item.max_new_tokens,
             "stream": True,
             "ignore_eos": True,
         }
     return {
-        "input_ids": ids,
+        "text" if text else "input_ids": prompt,
         "stream": True,
         "sampling_params": {"max_new_tokens": item.max_new_tokens, "ignore_eos": True},
     }

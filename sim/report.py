@@ -74,6 +74,8 @@ def summarize(run: SimRun, **extra: Any) -> dict[str, Any]:
         or min(p.kv_capacity_tokens for p in cfg.worker_profiles()),
         "seed": cfg.seed,
         "policy_params": dict(cfg.policy_params),
+        "prompt_format": cfg.prompt_format,
+        "marking": cfg.marking,
     }
     if cfg.hold.enabled:
         waits = [r.sent_ms - r.arrival_ms for r in run.records if r.sent_ms is not None]

@@ -6,6 +6,16 @@ worker wins. Otherwise, with ``match_rate = matched / total``, the worker owning
 match wins if ``match_rate > cache_threshold``; else, in the paper's SGLang 0.4.6 router, the
 worker with the smallest tree, and in today's sglang-router (0.3.x) the least loaded worker
 (observed against 0.3.2 running on emulated workers, and so documented by its successor SMG).
+
+Units. ``matched`` and ``total`` count the request's prefix-match units (``RouteRequest.key``):
+characters when the request carries text, token ids when it carries ``input_ids``. The paper's
+baseline, sgl-router of SGLang 0.4.6, only ever saw text (its benchmark client sends text) and
+decided on ``matched_chars / total_chars > 0.5``; so the ``paper`` preset is the paper's
+baseline when the router is sent text: ``kvroute sim --prompt-format text`` and ``kvroute
+bench --prompt-format text`` give every token its characters (``sim.text``). Sent token ids,
+the same preset matches tokens instead, and on GSP (a shared prefix of half the tokens plus a
+separator) every prompt that meets its group passes 0.5, where in characters about half fail
+(each question is fresh text of its own length): ``tests/sim/test_text.py``.
 """
 
 from __future__ import annotations

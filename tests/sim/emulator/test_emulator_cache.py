@@ -17,7 +17,11 @@ import pytest
 from conftest import EmulatorServer
 
 from sim.emulator.runtime import EmulatedRuntime
+from sim.loadgen import BenchConfig, _payload
 from sim.profiles import get_profile
+from sim.text import render_text
+from sim.tokens import ids_to_key
+from sim.workloads.base import WorkloadRequest
 
 PREFIX = list(range(1000, 1100))  # 100 tokens shared by A and B
 A = PREFIX + list(range(5000, 5020))  # 120 tokens
@@ -144,3 +148,25 @@ def test_the_request_overhead_counts_the_time_already_spent_on_the_request(
     monkeypatch.setattr(asyncio, "sleep", fake_sleep)
     asyncio.run(runtime.overhead(spent_s=spent_ms / 1000.0))
     assert slept == [pytest.approx(slept_ms / 1000.0)]
+
+
+def test_text_prompts_from_sim_text_hit_as_their_token_ids_do(
+    emulator: Callable[..., EmulatorServer],
+) -> None:
+    """``kvroute bench --prompt-format text`` (sim.loadgen): the emulated worker tokenises
+    the text back into as many tokens, with the same shared prefix."""
+    server = emulator(time_scale=50.0)
+    config = BenchConfig("http://unused", prompt_format="text")
+    for ids, expected in ((A, 0), (B, 100), (A, 119)):
+        item = WorkloadRequest("r", 0.0, ids_to_key(ids), 2)
+        payload = _payload(item, config)
+        assert payload["text"] == render_text(item.prompt)
+        assert "input_ids" not in payload
+        status, body = server.post("/generate", {**payload, "stream": False})
+        assert status == 200, body
+        assert body["meta_info"]["prompt_tokens"] == len(ids)
+        assert body["meta_info"]["cached_tokens"] == expected
+    completions = _payload(
+        item, BenchConfig("http://unused", api="completions", prompt_format="text")
+    )
+    assert completions["prompt"] == render_text(item.prompt)
