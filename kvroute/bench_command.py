@@ -1,8 +1,10 @@
 """``kvroute bench --url ROUTER_URL``: open-loop load against a router (or one worker).
 
-Prints a table; with ``--json`` the last stdout line is the DESIGN 7 summary. The hit rate is
-read from the workers' ``/metrics`` (``--worker-urls``; found automatically behind a kvroute
-router). ``--log`` writes one JSON line per request, ``--plot`` a PNG.
+Prints a table; with ``--json`` the last stdout line is the run's summary (its keys:
+docs/design.md, *The summary of sim and bench --json*). The hit rate is read from the
+workers' ``/metrics`` (``--worker-urls``; found automatically behind a kvroute router with
+its admin token). ``--log`` writes one JSON line per request, ``--plot`` a PNG. A target that
+cannot be reached is a usage error (exit 2).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import argparse
 import asyncio
 import json
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +25,8 @@ __all__ = ["add_parser"]
 
 
 def add_parser(sub: Any) -> None:
-    from kvroute.sim_command import _positive_float, add_workload_arguments
+    from kvroute.workload_args import add_workload_arguments
+    from kvroute.workload_args import positive_float as _positive_float
 
     p = sub.add_parser(
         "bench",
@@ -29,8 +34,15 @@ def add_parser(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--url", required=True, help="router (or worker) base URL")
-    p.add_argument("--api", choices=["generate", "completions"], default="generate")
+    p.add_argument(
+        "--url", required=True, help="router (or worker) base URL, e.g. http://127.0.0.1:8000"
+    )
+    p.add_argument(
+        "--api",
+        choices=["generate", "completions"],
+        default="generate",
+        help="SGLang's /generate or OpenAI's /v1/completions",
+    )
     p.add_argument("--model", default="default", help="model name for /v1/completions")
     p.add_argument(
         "--prompt-format",
@@ -51,18 +63,36 @@ def add_parser(sub: Any) -> None:
         nargs="+",
         default=None,
         metavar="URL",
-        help="workers whose /metrics give the hit rate",
+        help="workers whose /metrics give the hit rate (default: the kvroute router's "
+        "workers, read with --admin-token; else no hit rate)",
     )
-    p.add_argument("--admin-token", default=None, help="for a kvroute router's /workers")
-    p.add_argument("--policy-label", default=None, help="policy name for the summary")
-    p.add_argument("--eviction-label", default=None, help="eviction name for the summary")
-    p.add_argument("--timeout-s", type=_positive_float, default=600.0)
+    p.add_argument(
+        "--admin-token",
+        default=None,
+        help="a kvroute router's admin token, to read its policy and workers (default: none; "
+        "then name them with the flags below)",
+    )
+    p.add_argument(
+        "--policy-label",
+        default=None,
+        help="policy name for the summary (default: the router's, else unknown)",
+    )
+    p.add_argument(
+        "--eviction-label",
+        default=None,
+        help="eviction name for the summary (default: what the workers report, else unknown)",
+    )
+    p.add_argument(
+        "--timeout-s", type=_positive_float, default=600.0, help="per-request timeout, seconds"
+    )
     p.add_argument("--json", action="store_true", help="print the JSON summary last")
-    p.add_argument("--out", default=None, help="write the JSON summary here")
-    p.add_argument("--log", default=None, help="write per-request JSON lines here")
-    p.add_argument("--plot", default=None, help="write a PNG of latencies here")
-    p.add_argument("--no-progress", action="store_true")
-    add_workload_arguments(p)
+    p.add_argument("--out", default=None, help="write the JSON summary to this file (default: no)")
+    p.add_argument(
+        "--log", default=None, help="write one JSON line per request to this file (default: no)"
+    )
+    p.add_argument("--plot", default=None, help="write a PNG of latencies here (default: no)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_workload_arguments(p, fleet=False)
     p.set_defaults(run=run, command_parser=p)
 
 
@@ -121,9 +151,27 @@ async def run_async(
     return summary
 
 
+def unreachable(url: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing answers HTTP at ``url`` (``None``: something does, whatever its status)."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError:  # an answer, even 404 or 503: something is there
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return str(reason) or type(exc).__name__
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not args.url.startswith(("http://", "https://")):
         parser.error(f"--url must start with http:// or https://, got {args.url!r}")
+    why = unreachable(args.url)
+    if why is not None:
+        parser.error(
+            f"cannot reach {args.url}: {why}; is a router (kvroute serve, kvroute cluster) or "
+            "a worker listening there?"
+        )
     from kvroute.sim_command import load_workload
 
     workload = list(load_workload(args, parser))

@@ -1,8 +1,9 @@
-"""``kvroute sim``: what-if studies on the simulated fleet (DESIGN 6 and 7).
+"""``kvroute sim``: what-if studies on a simulated fleet (no GPU, no network).
 
 Every combination of ``--policy`` and ``--eviction`` is simulated on the same workload; a
 markdown table goes to stdout, and with ``--json`` the last line is one JSON object: the
-DESIGN 7 summary for a single combination, ``{"rows": [...]}`` for several.
+run's summary for a single combination, ``{"rows": [...]}`` for several (its keys:
+docs/design.md, *The summary of sim and bench --json*).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def add_parser(sub: Any) -> None:
         help="trace/azure replay: divide the trace's timestamps by this (2 = twice the load)",
     )
     f = p.add_argument_group("fleet and router")
-    f.add_argument("--workers", type=_positive_int, default=4)
+    f.add_argument("--workers", type=_positive_int, default=4, help="simulated workers")
     f.add_argument(
         "--policy",
         nargs="+",
@@ -105,7 +106,7 @@ def add_parser(sub: Any) -> None:
         type=_speeds,
         default=None,
         metavar="S,S,...",
-        help="relative speed per worker, e.g. 0.5,1,1,1 (heterogeneous fleet)",
+        help="relative speed per worker, e.g. 0.5,1,1,1 for a heterogeneous fleet (default: all 1)",
     )
     f.add_argument(
         "--speed-change",
@@ -113,7 +114,7 @@ def add_parser(sub: Any) -> None:
         action="append",
         default=[],
         metavar="WORKER:AT_S:SPEED",
-        help="drift: worker WORKER runs at SPEED from AT_S on",
+        help="drift: worker WORKER runs at SPEED from AT_S on (repeatable; default: none)",
     )
     f.add_argument(
         "--cache-aware-preset",
@@ -126,7 +127,8 @@ def add_parser(sub: Any) -> None:
         type=float,
         default=None,
         metavar="X",
-        help="cache_aware: override the preset's cache_threshold (match rate needed, 0..1)",
+        help="cache_aware: override the preset's cache_threshold (match rate needed, 0..1; "
+        "default: the preset's)",
     )
     f.add_argument(
         "--queue-slots",
@@ -151,7 +153,12 @@ def add_parser(sub: Any) -> None:
         help="with --queue-slots: a request waiting this long goes to any worker "
         "(default %(default)g)",
     )
-    f.add_argument("--profile", choices=sorted(PROFILES), default="llama3.1-8b-l40")
+    f.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="llama3.1-8b-l40",
+        help="service model of each worker: model, GPU, KV capacity (sim/profiles.py)",
+    )
     f.add_argument(
         "--prompt-format",
         choices=PROMPT_FORMATS,
@@ -173,7 +180,9 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="KV capacity per worker (default: the profile's)",
     )
-    f.add_argument("--page-size", type=_positive_int, default=1)
+    f.add_argument(
+        "--page-size", type=_positive_int, default=1, help="KV cache page size in tokens"
+    )
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     o.add_argument(
