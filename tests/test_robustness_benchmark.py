@@ -49,8 +49,8 @@ def test_the_quick_run_has_every_cell_and_skips_only_missing_data(quick: dict[st
     missing = [w.key for w in robustness.WORKLOADS if w.key not in present]
     if missing:
         warnings.warn(
-            f"robustness --quick skipped {missing}: their data files are not in "
-            f"{robustness.DATA_DIR}",
+            f"robustness --quick left out {missing}: they replay real datasets or traces that "
+            f"a clone of the repository does not include (looked for in {robustness.DATA_DIR})",
             stacklevel=1,
         )
     assert [s["workload"] for s in doc["skipped"]] == missing

@@ -15,10 +15,14 @@ DATA = PROJECT_ROOT.parent / "shared" / "data"
 
 
 def real_file(name: str) -> Path:
-    """A real sample from ``../shared/data`` (relative to the project root), else skip."""
+    """A real-data sample (kept next to the project, in ``../shared/data``), else skip."""
     path = DATA / name
     if not path.is_file():
-        pytest.skip(f"real sample {name} not found: ../shared/data is absent in this checkout")
+        pytest.skip(
+            f"needs the real-data sample {name} (a slice of a public dataset or trace), which a "
+            "clone of the repository does not include; the synthetic version of this workload "
+            f"is tested without it. To run it, put the file at {path}"
+        )
     return path
 
 
