@@ -189,6 +189,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     await state.store.start(state.pool.urls())  # with Redis: the loads copied before serving
     await _restore_models(state)
     await asyncio.wait_for(state.pool.check_all(), settings.health_timeout_s + 1.0)
+    state.pool.warn_at_start()
 
     def trim() -> None:
         state.router.maybe_trim(state.now_ms())

@@ -159,6 +159,25 @@ class WorkerPool:
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(url) for url in self.urls()))
 
+    def warn_at_start(self) -> None:
+        """After the first checks: a warning per worker that did not answer, and a loud one
+        when there is no worker (or none healthy), so a router that cannot serve says so."""
+        if not self.workers:
+            log.warning(
+                "0 workers: every request will answer 503. Give workers with --worker-urls "
+                "(or KVROUTE_WORKER_URLS), or add them with POST /workers on the control plane"
+            )
+            return
+        for state in self.workers.values():
+            if not state.healthy:
+                log.warning("worker %s is unreachable at start-up: %s", state.url, state.reason)
+        if not self.healthy_urls():
+            log.warning(
+                "0 of %d workers healthy: requests answer 503 until one answers /health "
+                "(checked every few seconds)",
+                len(self.workers),
+            )
+
     async def run(self, interval_s: float) -> None:
         """Poll every worker's /health every ``interval_s``; cancelled on shutdown."""
         while True:
