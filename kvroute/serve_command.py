@@ -37,8 +37,8 @@ def add_parser(sub: Any) -> None:
         nargs="+",
         default=None,
         metavar="URL",
-        help="worker base URLs with their port, e.g. http://127.0.0.1:30001 (default: none; "
-        "add them later with POST /workers)",
+        help="worker base URLs, e.g. http://127.0.0.1:30001 (no port: 80, or 443 for https; "
+        "default: none, add them later with POST /workers)",
     )
     p.add_argument("--policy", default=None, help="routing policy (default lbgr)")
     p.add_argument(

@@ -27,7 +27,8 @@ class SettingsError(ValueError):
 
 
 def normalize_worker_url(url: str) -> str:
-    """``http://host:port`` with no trailing slash; anything else is refused.
+    """``http://host[:port]`` or ``https://...`` with no trailing slash (no port: the
+    scheme's, 80 or 443); anything else is refused.
 
     The URL ends up in headers, metrics labels and logs, so control characters and spaces
     are refused too, and credentials are never repeated back in the message.
@@ -39,7 +40,10 @@ def normalize_worker_url(url: str) -> str:
     if parts.username is not None or parts.password is not None:
         raise ValueError("worker URL must not carry credentials (user:password@)")
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"worker URL must look like http://host:port, got {url!r}")
+        raise ValueError(
+            f"worker URL must look like http://host:port (or https://; without a port, 80 or "
+            f"443), got {url!r}"
+        )
     if parts.query or parts.fragment:
         raise ValueError(f"worker URL must not carry a query or fragment: {url!r}")
     try:

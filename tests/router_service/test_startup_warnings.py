@@ -65,3 +65,14 @@ def test_a_worker_going_down_after_start_is_a_warning(caplog: pytest.LogCaptureF
         asyncio.run(scenario())
     (record,) = [r for r in caplog.records if r.name == "kvroute.workers"]
     assert "is unhealthy: /health failed" in record.getMessage()
+
+
+def test_a_worker_url_without_a_port_means_the_schemes_and_the_message_says_so() -> None:
+    from router_service.settings import normalize_worker_url
+
+    assert normalize_worker_url("http://worker/") == "http://worker"  # port 80
+    assert normalize_worker_url("https://worker:8443") == "https://worker:8443"
+    with pytest.raises(ValueError, match=r"http://host:port \(or https://; without a port, 80"):
+        normalize_worker_url("worker:30000")
+    with pytest.raises(ValueError, match="needs a port in 1..65535"):
+        normalize_worker_url("http://worker:")
