@@ -50,6 +50,20 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--model-name", default="kvroute-emulated", help="the model name /v1/models reports"
     )
+    p.add_argument(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help='publish KV events as SGLang does, e.g. \'{"publisher": "zmq", "endpoint": '
+        '"tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\' (default: none)',
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="tokenize text with this local Hugging Face tokenizer directory (default: the "
+        "built-in word tokenizer)",
+    )
     p.set_defaults(run=run, command_parser=p)
 
 
@@ -68,7 +82,16 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         page_size=args.page_size,
         seed=args.seed,
         model_name=args.model_name,
+        kv_events_config=args.kv_events_config,
+        tokenizer=args.tokenizer,
     )
+    if args.kv_events_config is not None:
+        from sim.emulator.kv_publisher import KVEventsSettings
+
+        try:
+            KVEventsSettings.parse(args.kv_events_config)
+        except ValueError as exc:
+            parser.error(str(exc))
     web.run_app(
         create_emulator_app(config), host=args.host, port=args.port, print=None, access_log=None
     )

@@ -128,6 +128,21 @@ def add_parser(sub: Any) -> None:
         help="workers are emulated X times faster than real time: decay load and "
         "learn latencies on their clock (embedded load store only; default 1)",
     )
+    p.add_argument(
+        "--worker-kv-events",
+        nargs="+",
+        default=None,
+        metavar="URL=tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT]",
+        help="read a worker's cache from its KV events (SGLang --kv-events-config), with its "
+        "replay endpoint after a comma; default: none, every worker on the approximate index",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="a local Hugging Face tokenizer directory: route text and chat on the token ids "
+        "the workers will see (default: none, text routes on its characters)",
+    )
     p.set_defaults(run=run, command_parser=p)
 
 
@@ -161,6 +176,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             queue_slots=args.queue_slots,
             queue_free_at=args.queue_free_at,
             queue_max_wait_s=args.queue_max_wait_s,
+            worker_kv_events=args.worker_kv_events,
+            tokenizer=args.tokenizer,
         )
     except SettingsError as exc:
         parser.error(str(exc))

@@ -23,6 +23,7 @@ from router_service.api_schema import (
     errors,
 )
 from router_service.errors import ServiceError
+from router_service.kv_events import allowed_source
 from router_service.routing import LBGRPolicy, RoutingPolicy, make_policy
 from router_service.settings import Settings, normalize_worker_url
 from router_service.state import ServiceState
@@ -65,6 +66,11 @@ class _Body(BaseModel):
 
 class WorkerBody(_Body):
     url: str = Field(description="worker base URL, e.g. http://127.0.0.1:30001")
+    kv_events: str | None = Field(
+        None,
+        description="the worker's KV-event publisher, tcp://host:port, and its replay endpoint "
+        "after a comma (SGLang --kv-events-config); the router then reads its cache from them",
+    )
 
 
 class PolicyBody(_Body):
@@ -100,6 +106,7 @@ def _worker_view(state: ServiceState, url: str) -> dict[str, Any]:
         "other_kv_tokens": others[1],
         "queue_ms": state.last_queue_ms.get(url, 0.0),
         "index_units": state.router.index_units(url),
+        "kv_events": state.kv_feed.worker_status(url) if state.kv_feed is not None else None,
     }
 
 
@@ -134,7 +141,10 @@ async def add_worker(body: WorkerBody, request: Request) -> JSONResponse:
         raise ServiceError(
             409, f"worker {url} is already registered", field="url", error_type="conflict"
         )
+    source = allowed_source(state.settings, body.kv_events) if body.kv_events else None
     state.pool.add(url)
+    if source is not None and state.kv_feed is not None:
+        state.kv_feed.add(url, source)
     await state.pool.check(url)
     if state.index_sync is not None:
         state.index_sync.publish_worker(url, added=True)
@@ -178,6 +188,8 @@ def forget_worker(state: ServiceState, url: str) -> None:
         state.queue.forget_worker(url)
     if state.worker_load is not None:
         state.worker_load.forget(url)
+    if state.kv_feed is not None:
+        state.kv_feed.remove(url)
 
 
 def build_policy(

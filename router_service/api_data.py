@@ -24,6 +24,7 @@ from router_service.errors import ServiceError
 from router_service.proxy import forward, read_body, route_only
 from router_service.request_parsing import detect_kind, load_json, parse_body
 from router_service.state import ServiceState
+from router_service.tokenizer import tokenized
 
 __all__ = ["DATA_PLANE", "router"]
 
@@ -116,6 +117,7 @@ async def explain(request: Request) -> JSONResponse:
     state = _state(request)
     body = load_json(await read_body(request, state.settings.max_body_bytes))
     parsed = parse_body(body, detect_kind(body), "explain-" + state.new_request_id())
+    parsed = await tokenized(state.tokenizer, parsed)
     decision = route_only(state, parsed, await state.worker_statuses())
     return JSONResponse(
         {**decision.to_dict(), "dry_run": True, "replica_id": state.replica_id, "outcome": None}

@@ -36,14 +36,17 @@ from router_service.decisions import DecisionLog
 from router_service.dispatch import DispatchQueue
 from router_service.errors import ServiceError, error_response, internal_error_response
 from router_service.index_sync import IndexSync
+from router_service.kv_events import feed_from_settings
 from router_service.load_store import FallbackStore, RedisMirror, make_store
 from router_service.metrics import Metrics
 from router_service.model_snapshots import ModelSnapshots
 from router_service.proxy import forward
 from router_service.routing import HoldSettings, LBGRPolicy, Router
 from router_service.routing.block_keys import BlockKeys
+from router_service.routing.block_sets import BlockSets
 from router_service.settings import Settings
 from router_service.state import ServiceState
+from router_service.tokenizer import load_tokenizer
 from router_service.worker_metrics import MetricsPoller
 from router_service.workers import WorkerPool
 
@@ -58,7 +61,11 @@ def _build_state(settings: Settings) -> ServiceState:
     policy = build_policy(settings, rng, settings.policy, settings.policy_params)
     state = ServiceState(
         settings=settings,
-        router=Router(policy, keys=BlockKeys(settings.index_block_units) if shared else None),
+        router=Router(
+            policy,
+            keys=BlockKeys(settings.index_block_units) if shared else None,
+            blocks=BlockSets(settings.kv_events_stale_s),
+        ),
         pool=WorkerPool(
             lambda: state.http(),  # bound late: the session opens in the lifespan
             timeout_s=settings.health_timeout_s,
@@ -91,6 +98,10 @@ def _build_state(settings: Settings) -> ServiceState:
     if settings.worker_metrics_s > 0:
         state.worker_load = MetricsPoller(lambda: state.http(), state.own_load)
     state.metrics = Metrics(state.snapshot, state.replica_id)
+    assert state.router.blocks is not None
+    state.kv_feed = feed_from_settings(settings, state.router.blocks, state.now_ms)
+    state.metrics.registry.register(state.kv_feed.collector())
+    state.tokenizer = load_tokenizer(settings.tokenizer)
     hold = HoldSettings(
         slots=settings.queue_slots,
         max_wait_ms=settings.queue_max_wait_s * 1000.0,
@@ -211,6 +222,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         tasks.append(asyncio.create_task(_every(0.25, state.queue.pump), name="queue"))
     if state.index_sync is not None:
         state.index_sync.start()
+    if state.kv_feed is not None:
+        state.kv_feed.start()
     if state.snapshots.client is not None and state.snapshots.key is None:
         log.warning(
             "model snapshots are OFF: learned models are not shared through Redis nor kept "
@@ -243,6 +256,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await task
         if state.index_sync is not None:
             await state.index_sync.stop()
+        if state.kv_feed is not None:
+            await state.kv_feed.stop()
         await _save_models(state)
         await state.session.close()
         await state.store.close()

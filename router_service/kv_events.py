@@ -24,7 +24,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import zmq
@@ -33,6 +33,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from zmq.utils.monitor import parse_monitor_message
 
+if TYPE_CHECKING:
+    from router_service.settings import Settings
+
+from router_service.errors import ServiceError
 from router_service.kv_wire import encode_seq
 from router_service.routing.block_sets import BlockSets
 from router_service.routing.event_stream import DEFAULT_MAX_MESSAGE_BYTES, EventStream
@@ -40,7 +44,9 @@ from router_service.routing.event_stream import DEFAULT_MAX_MESSAGE_BYTES, Event
 __all__ = [
     "EventSource",
     "KVEventFeed",
+    "allowed_source",
     "event_host",
+    "feed_from_settings",
     "parse_source",
     "parse_worker_events",
 ]
@@ -99,6 +105,42 @@ def event_host(source: EventSource) -> list[str]:
     if source.replay is not None:
         hosts.append(urlsplit(source.replay).hostname or "")
     return hosts
+
+
+def feed_from_settings(
+    settings: Settings, blocks: BlockSets, now_ms: Callable[[], float]
+) -> KVEventFeed:
+    """The replica's feed, subscribed to the workers of ``--worker-kv-events`` (more come
+    with ``POST /workers``)."""
+    feed = KVEventFeed(
+        blocks,
+        now_ms,
+        replay_timeout_s=settings.kv_events_replay_timeout_s,
+        max_message_bytes=settings.kv_events_max_message_bytes,
+    )
+    for url, source in parse_worker_events(settings.worker_kv_events).items():
+        feed.add(url, source)
+    return feed
+
+
+def allowed_source(settings: Settings, text: str) -> EventSource:
+    """``POST /workers``'s ``kv_events``: parsed, and its hosts on the worker allow-list (the
+    control plane must not make the router connect anywhere else)."""
+    try:
+        source = parse_source(text)
+    except ValueError as exc:
+        raise ServiceError(400, f"kv_events: {exc}", field="kv_events") from None
+    for host in event_host(source):
+        shown = f"[{host}]" if ":" in host else host
+        if not settings.worker_allowed(f"http://{shown}:1"):
+            raise ServiceError(
+                403,
+                f"kv_events: {host} is not on the worker allow-list (--allowed-worker-networks, "
+                "--allowed-worker-hosts)",
+                field="kv_events",
+                error_type="forbidden",
+            )
+    return source
 
 
 class KVEventFeed:
@@ -282,6 +324,10 @@ class KVEventFeed:
         return False
 
     # -- inspection ------------------------------------------------------------------------
+    def worker_status(self, url: str) -> dict[str, Any] | None:
+        """One worker's stream (``GET /workers``); None without one."""
+        return self.status().get(url) if url in self.sources else None
+
     def status(self) -> dict[str, dict[str, Any]]:
         blocks = self.blocks.status()
         return {

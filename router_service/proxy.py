@@ -27,6 +27,7 @@ from router_service.relay import SKIP_REQUEST_HEADERS, Flight, relay
 from router_service.request_parsing import ParsedRequest, load_json, parse_body
 from router_service.routing import Decision, NoEligibleWorker, RouteRequest, WorkerStatus
 from router_service.state import ServiceState
+from router_service.tokenizer import tokenized
 
 __all__ = ["forward", "read_body", "route_only"]
 
@@ -93,6 +94,7 @@ async def forward(state: ServiceState, request: Request, kind: str, path: str) -
     try:
         raw = await read_body(request, state.settings.max_body_bytes)
         parsed = parse_body(load_json(raw), kind, state.new_request_id())
+        parsed = await tokenized(state.tokenizer, parsed)
         if state.settings.log_prompts:  # off by default: prompts are user data
             log.info("request %s %s: %r", parsed.route.request_id, kind, parsed.route.key[:2000])
         response, flight = await _with_retries(state, request, parsed, path, raw)

@@ -134,6 +134,39 @@ class Settings(BaseSettings):
         default_factory=lambda: ["localhost"]
     )
     log_level: str = "info"
+    # Workers' KV events (SGLang's ZMQ publisher, router_service.kv_events):
+    # "URL=tcp://host:port" or "URL=tcp://host:port,tcp://host:replay_port", one per worker.
+    worker_kv_events: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    kv_events_stale_s: float = Field(30.0, gt=0)  # a sent request's events this late: stale
+    kv_events_replay_timeout_s: float = Field(5.0, gt=0)
+    kv_events_max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    # A local Hugging Face tokenizer directory: route on token ids (router_service.tokenizer).
+    tokenizer: Path | None = None
+
+    @field_validator("worker_kv_events", mode="before")
+    @classmethod
+    def _split_events(cls, value: Any) -> Any:
+        if isinstance(value, str):  # env: whitespace-separated (a comma joins the replay)
+            return value.split()
+        return value
+
+    @model_validator(mode="after")
+    def _check_kv_events(self) -> Settings:
+        from router_service.kv_events import parse_worker_events
+
+        entries = []
+        try:
+            for item in self.worker_kv_events:
+                url, _, source = item.partition("=")
+                entries.append(f"{normalize_worker_url(url)}={source}")
+            sources = parse_worker_events(entries)
+        except ValueError as exc:
+            raise ValueError(f"worker_kv_events: {exc}") from None
+        for url in sources:
+            if url not in self.worker_urls:
+                raise ValueError(f"worker_kv_events: {url} is not one of worker_urls")
+        object.__setattr__(self, "worker_kv_events", entries)  # frozen: URLs normalised
+        return self
 
     @field_validator("worker_urls", mode="before")
     @classmethod

@@ -15,11 +15,13 @@ from router_service.admission import Admission
 from router_service.decisions import DecisionLog
 from router_service.dispatch import DispatchQueue
 from router_service.index_sync import IndexSync
+from router_service.kv_events import KVEventFeed
 from router_service.load_store import LoadStore
 from router_service.metrics import Metrics
 from router_service.model_snapshots import ModelSnapshots
 from router_service.routing import Router, WorkerStatus
 from router_service.settings import Settings
+from router_service.tokenizer import PromptTokenizer
 from router_service.worker_metrics import MetricsPoller
 from router_service.workers import WorkerPool
 
@@ -50,6 +52,8 @@ class ServiceState:
     draining: bool = False
     policy_params: dict[str, Any] = field(default_factory=dict)
     worker_load: MetricsPoller | None = None  # workers' own /metrics (settings.worker_metrics_s)
+    kv_feed: KVEventFeed | None = None  # workers' KV events (settings.worker_kv_events)
+    tokenizer: PromptTokenizer | None = None  # settings.tokenizer
 
     def http(self) -> aiohttp.ClientSession:
         if self.session is None:

@@ -33,9 +33,11 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from engine_ext.cache.keys import ids_to_key
+from router_service.errors import ServiceError
+from router_service.request_parsing import ParsedRequest
 from router_service.routing import RouteRequest
 
-__all__ = ["INLINE_CHARS", "PromptTokenizer", "TokenizerError"]
+__all__ = ["INLINE_CHARS", "PromptTokenizer", "TokenizerError", "load_tokenizer", "tokenized"]
 
 # Prompts up to this many characters are tokenized on the event loop (~250 us at most with a
 # Llama-sized vocabulary, benchmarks/kv_events.py); longer ones on a worker thread.
@@ -201,3 +203,25 @@ class PromptTokenizer:
         if not ids:
             return route
         return replace(route, key=ids_to_key(ids), prompt_tokens=len(ids), tokens=True)
+
+
+def load_tokenizer(path: str | Path | None) -> PromptTokenizer | None:
+    """The ``--tokenizer`` of the settings, or None; a bad directory is a start-up error."""
+    if path is None:
+        return None
+    try:
+        return PromptTokenizer(path)
+    except TokenizerError as exc:
+        raise ServiceError(400, str(exc), field="tokenizer") from None
+
+
+async def tokenized(tokenizer: PromptTokenizer | None, parsed: ParsedRequest) -> ParsedRequest:
+    """``parsed`` routed on its token ids when the router has a tokenizer (a 400 when the
+    chat template refuses the messages, as the worker would)."""
+    if tokenizer is None:
+        return parsed
+    try:
+        route = await tokenizer.route_request(parsed.kind, parsed.body, parsed.route)
+    except TokenizerError as exc:
+        raise ServiceError(400, str(exc), field="messages") from None
+    return replace(parsed, route=route)

@@ -38,8 +38,11 @@ from router_service.routing import (
     WorkerStatus,
     make_policy,
 )
+from router_service.routing.block_sets import BlockSets
+from sim.cache_events import EventedRadixCache
 from sim.engine import EngineRequest, RequestTooLarge
 from sim.kernel import Environment
+from sim.kv_feed import SimEventFeed
 from sim.profiles import ServiceProfile, get_profile
 from sim.text import render_text
 from sim.worker import SimWorker
@@ -77,6 +80,10 @@ class ClusterConfig:
     speed_changes: Sequence[tuple[int, float, float]] = ()  # (worker index, at s, new speed)
     seed: int = 0
     hold: HoldSettings = field(default_factory=HoldSettings)  # slots > 0: hold_queue
+    # Workers publish KV events and the router matches on them (sim.kv_feed), after this
+    # much simulated delay; off: the router's approximate index only.
+    kv_events: bool = False
+    kv_event_delay_ms: float = 1.0
 
     prompt_format: str = "ids"
     marking: str = "path"
@@ -105,6 +112,7 @@ class RequestRecord:
     arrival_ms: float
     prompt_tokens: int
     cached_tokens: int = 0
+    predicted_cached: int | None = None  # what the router believed the worker cached
     sent_ms: float | None = None  # left the router (later than arrival in the hold queue)
     first_token_ms: float | None = None
     finished_ms: float | None = None
@@ -141,7 +149,9 @@ def route_request(item: WorkloadRequest, prompt_format: str = "ids") -> RouteReq
     """What the router is given for ``item``: its token ids, or its text (``sim.text``),
     with the prompt's length in tokens either way."""
     key = render_text(item.prompt) if prompt_format == "text" else item.prompt
-    return RouteRequest(item.rid, key, len(item.prompt), item.max_new_tokens)
+    return RouteRequest(
+        item.rid, key, len(item.prompt), item.max_new_tokens, tokens=prompt_format != "text"
+    )
 
 
 def simulate(
@@ -152,9 +162,14 @@ def simulate(
     """Run ``workload`` through the fleet; deterministic for a given config and workload."""
     env = Environment()
     rng = random.Random(config.seed)
+    blocks = BlockSets(stale_s=30.0) if config.kv_events else None
     router = Router(
-        make_policy(config.policy, random.Random(rng.getrandbits(64)), **dict(config.policy_params))
+        make_policy(
+            config.policy, random.Random(rng.getrandbits(64)), **dict(config.policy_params)
+        ),
+        blocks=blocks,
     )
+    feed = SimEventFeed(env, blocks, config.kv_event_delay_ms) if blocks is not None else None
     store = EmbeddedLoadStore()
     queue = HoldQueue(config.hold) if config.hold.enabled else None
     records: list[RequestRecord] = []
@@ -208,7 +223,7 @@ def simulate(
     workers = []
     for url, profile in zip(urls, config.worker_profiles(), strict=True):
         capacity = config.capacity_tokens or profile.kv_capacity_tokens
-        cache = RadixCache(
+        cache = (EventedRadixCache if feed is not None else RadixCache)(
             capacity,
             config.eviction,
             page_size=config.page_size,
@@ -227,11 +242,16 @@ def simulate(
             )
         )
     by_url = dict(zip(urls, workers, strict=True))
+    if feed is not None:
+        for worker in workers:
+            feed.attach(worker)
 
     def arrive(item: WorkloadRequest) -> None:
         now = env.now_ms
         router.maybe_trim(now)
         request = route_request(item, config.prompt_format)
+        if feed is not None:
+            feed.refresh()
         if queue is None:
             send(item, request, now, None)
             return
@@ -262,6 +282,7 @@ def simulate(
             else None
         )
         record = RequestRecord(item.rid, decision.chosen, arrived_ms, len(item.prompt))
+        record.predicted_cached = decision.candidate(decision.chosen).cached
         record.sent_ms = now
         records.append(record)
         in_flight[item.rid] = _InFlight(record, decision, reservation, now, only is not None)

@@ -56,6 +56,9 @@ class KVEventsSettings:
         if publisher != "zmq":
             raise ValueError(f"the emulator publishes with 'zmq' only, got {publisher!r}")
         raw.pop("max_queue_size", None)  # SGLang's thread queue; nothing queues here
+        raw.pop("bind", None)  # the emulator always binds (it serves on this host)
+        if raw.pop("format", "default") != "default":
+            raise ValueError("the emulator publishes SGLang's default format only")
         known = {"endpoint", "replay_endpoint", "buffer_steps", "hwm", "topic"}
         unknown = sorted(set(raw) - known)
         if unknown:

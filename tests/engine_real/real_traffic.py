@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import openai
 
 from engine_ext.cache.keys import key_to_ids
 from kvroute.engine_launch import fit_to_vocab
@@ -26,6 +27,7 @@ __all__ = [
     "gsp_bodies",
     "hit_rate",
     "metric_totals",
+    "openai_answers",
     "post_json",
     "send_all",
 ]
@@ -132,3 +134,30 @@ def hit_rate(before: dict[str, float], after: dict[str, float]) -> float:
     prompt = after["sglang:prompt_tokens_total"] - before["sglang:prompt_tokens_total"]
     cached = after["sglang:cached_tokens_total"] - before["sglang:cached_tokens_total"]
     return cached / prompt if prompt else 0.0
+
+
+def _client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def openai_answers(base: str, prompt: str) -> dict[str, str]:
+    """Greedy answers from the official client: completions and chat, whole and streamed."""
+    client = _client(base)
+    kw: dict[str, Any] = {"model": "tiny-llama", "max_tokens": 12, "temperature": 0}
+    messages = [{"role": "user", "content": prompt}]
+    completion = client.completions.create(prompt=prompt, **kw)
+    chat = client.chat.completions.create(messages=messages, **kw)
+    streamed = "".join(
+        c.choices[0].text for c in client.completions.create(prompt=prompt, stream=True, **kw)
+    )
+    chat_streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(messages=messages, stream=True, **kw)
+        if c.choices
+    )
+    return {
+        "completions": completion.choices[0].text,
+        "completions stream": streamed,
+        "chat": chat.choices[0].message.content or "",
+        "chat stream": chat_streamed,
+    }

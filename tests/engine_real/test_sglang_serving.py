@@ -17,9 +17,16 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-import openai
 import pytest
-from real_traffic import Answer, gsp_bodies, hit_rate, metric_totals, post_json, send_all
+from real_traffic import (
+    Answer,
+    gsp_bodies,
+    hit_rate,
+    metric_totals,
+    openai_answers,
+    post_json,
+    send_all,
+)
 
 from kvroute.engine_launch import EngineCluster, EngineSpec, model_dir, vocab_size
 from sim.workloads.gsp import GSPConfig, GSPWorkload
@@ -79,31 +86,6 @@ def _sse_events(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     return events
 
 
-def _client(base: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-def _openai_answers(client: openai.OpenAI, prompt: str) -> dict[str, str]:
-    kw: dict[str, Any] = {"model": "tiny-llama", "max_tokens": 12, "temperature": 0}
-    messages = [{"role": "user", "content": prompt}]
-    completion = client.completions.create(prompt=prompt, **kw)
-    chat = client.chat.completions.create(messages=messages, **kw)
-    streamed = "".join(
-        c.choices[0].text for c in client.completions.create(prompt=prompt, stream=True, **kw)
-    )
-    chat_streamed = "".join(
-        c.choices[0].delta.content or ""
-        for c in client.chat.completions.create(messages=messages, stream=True, **kw)
-        if c.choices
-    )
-    return {
-        "completions": completion.choices[0].text,
-        "completions stream": streamed,
-        "chat": chat.choices[0].message.content or "",
-        "chat stream": chat_streamed,
-    }
-
-
 def test_routing_never_changes_an_answer(cluster: EngineCluster) -> None:
     """Greedy answers through the router equal the worker's own, on every API and mode."""
     router = cluster.start_router("kvroute", "lbgr")
@@ -118,8 +100,8 @@ def test_routing_never_changes_an_answer(cluster: EngineCluster) -> None:
         events = _sse_events(router + "/generate", {**body, "stream": True})
         assert events, "no SSE event through the router"
         assert events[-1]["text"] == direct[0]
-        want = _openai_answers(_client(worker), prompt)
-        got = _openai_answers(_client(router), prompt)
+        want = openai_answers(worker, prompt)
+        got = openai_answers(router, prompt)
         assert got == want
         assert want["completions"] == want["completions stream"]
         assert want["chat"] == want["chat stream"]
@@ -138,10 +120,11 @@ def _run(
     failed = [a for a in answers if not a.ok]
     assert not failed, f"{policy}: {len(failed)} failed, first: {failed[0].error}"
     labels = [spec.label for spec in cluster.specs]
+    token = getattr(cluster, "admin_token", None)  # the router's, where LocalCluster sets one
     return {
         "policy": policy,
         "answers": answers,
-        "prediction_errors": _prediction_errors(router, answers) if explain else [],
+        "prediction_errors": _prediction_errors(router, token, answers) if explain else [],
         "wall_s": wall_s,
         "hit_rate": hit_rate(
             {k: sum(b[k] for b in before.values()) for k in COUNTERS},
@@ -177,12 +160,14 @@ def _together(answers: list[Answer], groups: list[int | None]) -> float:
     return sum(c.most_common(1)[0][1] for c in by_group.values()) / len(answers)
 
 
-def _prediction_errors(router: str, answers: list[Answer]) -> list[int]:
+def _prediction_errors(router: str, token: str | None, answers: list[Answer]) -> list[int]:
     """Per decision: the router's predicted cached tokens on the chosen worker minus the
-    worker's reported ``cached_tokens``."""
+    worker's reported ``cached_tokens`` (a decision's cache figures need the admin token)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     errors = []
     for answer in answers:
-        with urllib.request.urlopen(f"{router}/explain/{answer.decision_id}", timeout=10) as r:
+        req = urllib.request.Request(f"{router}/explain/{answer.decision_id}", headers=headers)
+        with urllib.request.urlopen(req, timeout=10) as r:
             decision = json.loads(r.read())
         chosen = next(c for c in decision["candidates"] if c["worker"] == decision["chosen"])
         assert decision["chosen"] == answer.worker

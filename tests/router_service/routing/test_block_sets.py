@@ -143,3 +143,25 @@ def test_sets_fed_by_the_reference_cache_match_it_exactly(eviction: str, page: i
     sets.check_invariants()
     for url, cache in caches.items():
         assert sets.workers[url].blocks == cache.total_tokens // page
+
+
+def test_the_router_reads_live_events_and_expects_them_after_it_sends() -> None:
+    from router_service.routing import Router, RouteRequest, WorkerStatus, make_policy
+
+    sets = BlockSets(stale_s=5.0)
+    router = Router(make_policy("cache_aware", preset="sglang"), blocks=sets)
+    sets.add("a")
+    ids = list(range(1, 9))
+    sets.apply("a", batch(stored(ids[:4])), now_ms=0.0)
+    workers = [WorkerStatus("a"), WorkerStatus("b")]
+    request = RouteRequest("r1", ids_to_key(ids), len(ids), 1, tokens=True)
+    decision = router.decide(request, workers)
+    assert decision.candidate("a").cached == 4
+    assert decision.cache_sources == {"a": "events"}
+    shown = {c["worker"]: c for c in decision.to_dict()["candidates"]}
+    assert (shown["a"]["cache_source"], shown["b"]["cache_source"]) == ("events", "approximate")
+    router.commit(request, decision, now_ms=100.0)
+    chosen = decision.chosen
+    assert sets.refresh(now_ms=5_101.0) == (["a"] if chosen == "a" else [])
+    text = RouteRequest("r2", "some text", None, 1)
+    assert "no token ids" in (router.decide(text, workers).cache_sources or {})["a"]

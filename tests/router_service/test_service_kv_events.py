@@ -1,0 +1,192 @@
+"""The router reads emulated workers' KV events: /explain, /workers, /metrics, fallback.
+
+Real processes' code on loopback: emulated SGLang workers (``sim.emulator``) publishing
+their reference cache's events over ZMQ, and the router app on uvicorn subscribing with
+``worker_kv_events``. A worker whose events stop is made stale by advancing the block sets'
+clock (``refresh``), not by waiting for the timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+from router_harness import ADMIN_TOKEN, RouterServer, free_port, service_settings, wait_until
+
+from sim.emulator import EmulatorConfig, create_emulator_app
+from sim.emulator.server import RUNTIME
+
+PAGE = 4
+PROMPT = list(range(200, 264))  # 64 tokens: 16 pages
+
+
+class Emulator:
+    """An emulated worker publishing KV events, served from a thread."""
+
+    def __init__(self, **config: Any) -> None:
+        self.events, self.replay = free_port(), free_port()
+        kv = {"endpoint": f"tcp://127.0.0.1:{self.events}"}
+        kv["replay_endpoint"] = f"tcp://127.0.0.1:{self.replay}"
+        self.port = free_port()
+        self.app = create_emulator_app(
+            EmulatorConfig(
+                time_scale=50.0, page_size=PAGE, kv_events_config=json.dumps(kv), **config
+            )
+        )
+        self.runner = web.AppRunner(self.app, access_log=None)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def source(self) -> str:
+        return f"tcp://127.0.0.1:{self.events},tcp://127.0.0.1:{self.replay}"
+
+    def start(self) -> Emulator:
+        self.thread.start()
+
+        async def serve() -> None:
+            await self.runner.setup()
+            await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+        asyncio.run_coroutine_threadsafe(serve(), self.loop).result(15)
+        return self
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(15)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(15)
+
+
+@pytest.fixture
+def emulators() -> Iterator[Callable[..., Emulator]]:
+    started: list[Emulator] = []
+
+    def make(**config: Any) -> Emulator:
+        emu = Emulator(**config).start()
+        started.append(emu)
+        return emu
+
+    yield make
+    for emu in started:
+        emu.stop()
+
+
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def control(router: RouterServer) -> httpx.Client:
+    """The control plane's client (its own listener when the router has one)."""
+    client: httpx.Client = getattr(router, "control", router.client)
+    client.headers.update(AUTH)
+    return client
+
+
+def admin(router: RouterServer) -> httpx.Client:
+    """The data port as an operator sees it (per-worker figures in /explain)."""
+    client: httpx.Client = getattr(router, "admin", router.client)
+    client.headers.update(AUTH)
+    return client
+
+
+def explain(router: RouterServer, body: dict[str, Any]) -> dict[str, Any]:
+    resp = admin(router).post("/explain", json=body)
+    assert resp.status_code == 200, resp.text
+    return {c["worker"]: c for c in resp.json()["candidates"]}
+
+
+def live(router: RouterServer, url: str) -> bool:
+    worker = router.app.state.kvroute.router.blocks.workers.get(url)
+    return worker is not None and worker.status == "live"
+
+
+@pytest.fixture
+def routed(
+    emulators: Callable[..., Emulator],
+) -> Iterator[tuple[RouterServer, Emulator, Emulator]]:
+    with_events, without = emulators(), emulators()
+    settings = service_settings(
+        worker_urls=[with_events.url, without.url],
+        worker_kv_events=[f"{with_events.url}={with_events.source}"],
+        admin_token=ADMIN_TOKEN,
+        policy="cache_aware",
+    )
+    router = RouterServer(settings).start()
+    try:
+        assert wait_until(lambda: live(router, with_events.url), 10), "events never went live"
+        yield router, with_events, without
+    finally:
+        router.stop()
+
+
+def test_explain_says_which_source_each_candidate_used(
+    routed: tuple[RouterServer, Emulator, Emulator],
+) -> None:
+    router, with_events, without = routed
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1}}
+    worker = with_events.url
+    # Straight to the worker, past the router: only its events can tell the router.
+    assert httpx.post(f"{worker}/generate", json=body, timeout=30).status_code == 200
+    blocks = router.app.state.kvroute.router.blocks
+    assert wait_until(lambda: blocks.workers[worker].blocks == len(PROMPT) // PAGE, 5)
+    shown = explain(router, body)
+    assert shown[worker]["cache_source"] == "events"
+    assert shown[worker]["cache_fallback"] is None
+    assert shown[worker]["cached"] == len(PROMPT)  # every page, as the events say
+    assert shown[without.url]["cache_source"] == "approximate"
+    assert shown[without.url]["cache_fallback"] is None  # it has no stream: nothing to say
+    assert shown[without.url]["cached"] == 0
+    text = explain(router, {"text": "no token ids here"})
+    assert text[worker]["cache_source"] == "approximate"
+    assert "no token ids" in text[worker]["cache_fallback"]
+    listed = {w["url"]: w for w in control(router).get("/workers").json()["workers"]}
+    assert listed[worker]["kv_events"]["status"] == "live"
+    assert listed[without.url]["kv_events"] is None
+
+
+def test_a_worker_whose_events_stop_falls_back_and_says_so(
+    routed: tuple[RouterServer, Emulator, Emulator],
+) -> None:
+    router, with_events, _ = routed
+    worker = with_events.url
+    with_events.app[RUNTIME].on_events = lambda events: None  # its publisher goes silent
+    state = router.app.state.kvroute
+    blocks = state.router.blocks
+    # Silence alone is an idle worker; silence after a request that must store pages is not
+    # (Router.commit says so when it sends one; here the test says it).
+    assert blocks.refresh(state.now_ms() + 3_600_000.0) == []
+    blocks.expect(worker, uncached_tokens=PAGE, now_ms=state.now_ms())
+    later = state.now_ms() + state.settings.kv_events_stale_s * 1000.0 + 1.0
+    assert blocks.refresh(later) == [worker]
+    shown = explain(router, {"input_ids": PROMPT})
+    assert shown[worker]["cache_source"] == "approximate"
+    assert shown[worker]["cache_fallback"].startswith("events stale")
+    metrics = control(router).get("/metrics").text
+    assert f'kvroute_kv_events_live{{status="stale",worker="{worker}"}} 0.0' in metrics
+
+
+def test_workers_can_be_added_with_their_events(
+    routed: tuple[RouterServer, Emulator, Emulator], emulators: Callable[..., Emulator]
+) -> None:
+    router, _, _ = routed
+    third = emulators()
+    api = control(router)
+    bad = api.post("/workers", json={"url": third.url, "kv_events": "tcp://*:5557"})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "kv_events"
+    far = api.post("/workers", json={"url": third.url, "kv_events": "tcp://10.9.9.9:5557"})
+    assert far.status_code == 403
+    added = api.post("/workers", json={"url": third.url, "kv_events": third.source})
+    assert added.status_code == 201, added.text
+    assert wait_until(lambda: live(router, third.url), 10)
+    assert api.delete("/workers", params={"url": third.url}).status_code == 200
+    assert third.url not in router.app.state.kvroute.router.blocks.workers
