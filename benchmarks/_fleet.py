@@ -26,7 +26,8 @@ from typing import Any
 
 import redis
 
-from sim.local_cluster import free_port, wait_healthy
+from sim.loadgen import default_control_url
+from sim.local_cluster import free_port, free_port_pair, wait_healthy
 
 __all__ = [
     "BALANCERS",
@@ -310,7 +311,7 @@ def start_replicas(
     if load_sync_ms is not None:
         env["KVROUTE_LOAD_SYNC_MS"] = repr(load_sync_ms)
     for i in range(count):
-        port = free_port()
+        port = free_port_pair()  # the control listener (/metrics) takes port + 1
         args = [sys.executable, "-m", "kvroute", "serve", "--port", str(port)]
         args += ["--policy", policy, "--redis-url", redis_url, "--cluster", cluster]
         args += ["--replica-id", f"r{i}", "--log-level", "warning", "--worker-urls", *worker_urls]
@@ -344,7 +345,7 @@ def sync_lag(
     pattern = re.compile(rf'^{metric}_bucket\{{le="([^"]+)"\}} (\S+)$', re.M)
     buckets: dict[float, float] = {}
     for url in replica_urls:
-        for le, count in pattern.findall(get_text(url + "/metrics")):
+        for le, count in pattern.findall(get_text(default_control_url(url) + "/metrics")):
             bound = float("inf") if le == "+Inf" else float(le)
             buckets[bound] = buckets.get(bound, 0.0) + float(count)
     bounds = sorted(buckets)

@@ -1,6 +1,6 @@
 """Proxy overhead on loopback with instant workers: kvroute side by side with sglang-router.
 
-Issue 4's targets: added p50 <= 2 ms at 200 req/s, and >= 1,000 req/s through one router
+The targets: added p50 <= 2 ms at 200 req/s, and >= 1,000 req/s through one router
 process. Two instant workers (``instant_worker.py``) answer at once, so what a client sees
 beyond the direct-to-worker latency is the router. For each set-up, measured in one run:
 
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import base_parser, write_json
 
-from sim.local_cluster import free_port, wait_healthy
+from sim.local_cluster import free_port, free_port_pair, wait_healthy
 
 HERE = Path(__file__).resolve().parent
 SETUPS = [
@@ -64,7 +64,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def start_router(kind: str, policy: str, workers: list[str]) -> tuple[str, subprocess.Popen[bytes]]:
-    port = free_port()
+    port = free_port_pair()  # kvroute's control listener takes port + 1
     if kind == "kvroute":
         args = [
             sys.executable,

@@ -1,4 +1,4 @@
-"""Reliability figures for RELIABILITY.md (issue 9): fault runs with counts, and a soak.
+"""Reliability figures for RELIABILITY.md: fault runs with counts, and a soak.
 
 Fault runs: ``kvroute serve`` (lbgr, default reliability settings unless a run says
 otherwise) in front of four ``kvroute emulate`` workers at ``--time-scale`` 10, one of them
@@ -61,7 +61,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import REPO_ROOT, base_parser, write_json
 
-from sim.local_cluster import free_port, wait_healthy
+from sim.loadgen import default_control_url
+from sim.local_cluster import free_port, free_port_pair, wait_healthy
+
+ADMIN_TOKEN = "reliability-benchmark-admin-token"  # the routers' control plane, on loopback
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- reliability:begin -->", "<!-- reliability:end -->"
@@ -100,10 +104,11 @@ def emulator(port: int, time_scale: float) -> Any:
 def router(
     workers: list[str], env: dict[str, str] | None = None, cpu: int | None = None, **flags: str
 ) -> tuple[str, Any]:
-    port = free_port()
+    port = free_port_pair()  # the control listener takes port + 1
     args = [sys.executable, "-m", "kvroute", "serve", "--port", str(port), "--policy", "lbgr"]
     for name, value in flags.items():
         args += [f"--{name.replace('_', '-')}", value]
+    env = {"KVROUTE_ADMIN_TOKEN": ADMIN_TOKEN, **(env or {})}  # /workers: the control plane
     proc = spawn([*args, "--log-level", "warning", "--worker-urls", *workers], env, cpu)
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url, 90, proc)
@@ -308,10 +313,10 @@ class Fleet:
 async def poll_workers(url: str, victim: str, out: list[tuple[float, bool, str]]) -> None:
     """(t, healthy, circuit) of ``victim`` every 0.2 s, until cancelled."""
     t0 = time.perf_counter()
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=ADMIN) as session:
         while True:
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError, ValueError):
-                async with session.get(url + "/workers") as resp:
+                async with session.get(default_control_url(url) + "/workers") as resp:
                     listed = (await resp.json())["workers"]
                 w = next(x for x in listed if x["url"] == victim)
                 out.append((time.perf_counter() - t0, w["healthy"], w["circuit"]))
@@ -497,7 +502,10 @@ async def _warm(url: str) -> None:
 
 
 async def _circuit_opens(url: str, worker: str) -> int | None:
-    async with aiohttp.ClientSession() as session, session.get(url + "/workers") as resp:
+    async with (
+        aiohttp.ClientSession(headers=ADMIN) as session,
+        session.get(default_control_url(url) + "/workers") as resp,
+    ):
         listed = (await resp.json())["workers"]
     return next((w["circuit_opens"] for w in listed if w["url"] == worker), None)
 

@@ -3,9 +3,10 @@
 Every example runs with one command against an emulated cluster it starts itself
 (``sim.local_cluster.LocalCluster``: emulated SGLang workers plus a ``kvroute serve``, all on
 loopback, stopped on exit or Ctrl-C), or against a router you already run (``--url``, with
-``--token`` or ``$KVROUTE_ADMIN_TOKEN`` for the control plane). In the docker compose stack
-the balancer (http://localhost:8000) serves the data plane and ``/explain``; control-plane
-calls go to one replica (http://127.0.0.1:8001), since each replica has its own models.
+``--token`` or ``$KVROUTE_ADMIN_TOKEN`` for the control plane, which listens on its own port:
+``--control-url``, by default the data port + 1). In the docker compose stack the balancer
+(http://localhost:8000) serves the data plane and ``/explain``; control-plane calls go to one
+replica's control listener (http://127.0.0.1:8001), since each replica has its own models.
 
 Standard library only, apart from kvroute itself, so a copy works anywhere kvroute is
 installed.
@@ -25,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from sim.loadgen import default_control_url
 from sim.local_cluster import LocalCluster
 
 __all__ = ["Router", "add_cluster_arguments", "open_router"]
@@ -37,16 +39,21 @@ class Router:
     url: str
     token: str | None = None
     cluster: LocalCluster | None = None
+    control_url: str | None = None  # the control listener (default: the data port + 1)
 
     def call(
         self, method: str, path: str, body: Any = None, timeout_s: float = 60.0
     ) -> tuple[int, dict[str, str], Any]:
-        """One JSON request: (status, headers with lower-case names, JSON body or text)."""
+        """One JSON request: (status, headers with lower-case names, JSON body or text).
+        The control plane (/workers, /policy, /models, /metrics) goes to the control URL."""
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        base = self.url
+        if path.startswith(("/workers", "/policy", "/models", "/metrics")):
+            base = self.control_url or default_control_url(self.url)
+        req = urllib.request.Request(base + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as resp:
                 status, raw, got = resp.status, resp.read(), _lower(resp.headers.items())
@@ -83,6 +90,11 @@ def add_cluster_arguments(
         default=os.environ.get("KVROUTE_ADMIN_TOKEN"),
         help="the router's admin token (default: $KVROUTE_ADMIN_TOKEN)",
     )
+    g.add_argument(
+        "--control-url",
+        default=None,
+        help="the router's control listener (default: the --url port + 1)",
+    )
     g.add_argument("--workers", type=int, default=workers, help="emulated workers to start")
     g.add_argument(
         "--eviction", choices=["lru", "rlt"], default="rlt", help="eviction of the workers we start"
@@ -101,7 +113,7 @@ def add_cluster_arguments(
 def open_router(args: argparse.Namespace) -> Iterator[Router]:
     """The router at ``--url``, or a fresh emulated cluster that is stopped on exit."""
     if args.url:
-        yield Router(args.url.rstrip("/"), args.token)
+        yield Router(args.url.rstrip("/"), args.token, None, args.control_url)
         return
     with LocalCluster(
         workers=args.workers,
@@ -119,4 +131,4 @@ def open_router(args: argparse.Namespace) -> Iterator[Router]:
         url = cluster.start_router("kvroute", args.policy)
         cluster.warm_up()
         print(f"ready in {time.perf_counter() - started:.1f} s: {url}", file=sys.stderr)
-        yield Router(url, None, cluster)
+        yield Router(url, cluster.admin_token, cluster, cluster.control_url)

@@ -15,11 +15,12 @@ absolute error (ms) and samples. No request may fail across the swaps: the exit 
 if one did.
 
     python examples/hot_swap.py                      # own emulated cluster, ~35 s
-    python examples/hot_swap.py --url http://127.0.0.1:8001 --token "$KVROUTE_ADMIN_TOKEN"
+    python examples/hot_swap.py --url http://127.0.0.1:8000 --token "$KVROUTE_ADMIN_TOKEN"
 
-Models are per router replica: in the docker compose stack, point ``--url`` at one replica
-(router-1 is published on 127.0.0.1:8001), not at the balancer, which refuses control-plane
-calls; repeat a swap on every replica to change the whole fleet (docs/operations.md).
+Models are per router replica: in the docker compose stack, point both ``--url`` and
+``--control-url`` at one replica's control listener (router-1's is published on
+127.0.0.1:8001; it serves the data plane too), not at the balancer, which has no control
+plane; repeat a swap on every replica to change the whole fleet (docs/operations.md).
 """
 
 from __future__ import annotations

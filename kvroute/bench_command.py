@@ -88,6 +88,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the JSON summary last")
     p.add_argument("--out", default=None, help="write the JSON summary to this file (default: no)")
     p.add_argument(
+        "--control-url",
+        default=None,
+        help="kvroute's control listener, to find the policy and workers (with --admin-token); "
+        "default: the --url port + 1",
+    )
+    p.add_argument(
         "--log", default=None, help="write one JSON line per request to this file (default: no)"
     )
     p.add_argument("--plot", default=None, help="write a PNG of latencies here (default: no)")
@@ -105,7 +111,7 @@ async def run_async(
 
     url = args.url.rstrip("/")
     headers = {"Authorization": f"Bearer {args.admin_token}"} if args.admin_token else {}
-    about = await discover(url, headers)
+    about = await discover(url, headers, getattr(args, "control_url", None))
     workers = args.worker_urls or [w["url"] for w in about.get("workers", {}).get("workers", [])]
     policy = args.policy_label or about.get("policy", {}).get("name", "unknown")
     eviction = args.eviction_label or await eviction_of(workers)

@@ -33,6 +33,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="bind port (default 8000)")
     p.add_argument(
+        "--control-host",
+        default=None,
+        help="control plane and /metrics bind address (default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--control-port",
+        type=int,
+        default=None,
+        help="control plane and /metrics port (default: --port + 1, 8001); the control plane "
+        "needs --admin-token and is off without one",
+    )
+    p.add_argument(
         "--worker-urls",
         nargs="+",
         default=None,
@@ -160,6 +172,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             args.config,
             host=args.host,
             port=args.port,
+            control_host=args.control_host,
+            control_port=args.control_port,
             worker_urls=args.worker_urls,
             policy=args.policy,
             policy_params=params,
@@ -193,10 +207,17 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from router_service.listeners import bind_listeners
+
+    try:
+        sockets = bind_listeners(app.state.kvroute)
+    except OSError as exc:
+        parser.error(
+            f"cannot listen on {settings.host}:{settings.port} and the control port "
+            f"{settings.control_host}:{settings.control_port_to_bind}: {exc.strerror or exc}"
+        )
     config = uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
         loop="uvloop",
         http="httptools",
         log_level=settings.log_level,
@@ -205,7 +226,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         proxy_headers=False,
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
     )
-    _DrainingServer(config, app.state.kvroute).run()
+    _DrainingServer(config, app.state.kvroute).run(sockets=list(sockets))
     return 0
 
 

@@ -1,7 +1,9 @@
 """Control plane: workers, policy, models (hot swap, challenger). Bearer-token protected.
 
-When an admin token is configured every endpoint here needs ``Authorization: Bearer <token>``
-(compared in constant time); without one the control plane is open, for loopback set-ups.
+Served on the control listener only (``control_host:control_port``, loopback by default;
+``app.KVRouteApp`` refuses these paths on the data port). Every endpoint needs
+``Authorization: Bearer <admin token>`` (compared in constant time); without a configured
+token the control plane is off (403).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from router_service.routing import LBGRPolicy, RoutingPolicy, make_policy
 from router_service.settings import Settings, normalize_worker_url
 from router_service.state import ServiceState
 
-__all__ = ["build_policy", "router"]
+__all__ = ["build_policy", "is_admin", "router"]
 
 
 def _state(request: Request) -> ServiceState:
@@ -36,14 +38,21 @@ def _state(request: Request) -> ServiceState:
     return state
 
 
-def require_admin(request: Request) -> None:
+def is_admin(request: Request) -> bool:
+    """Whether the request carries the admin token (a valid one; none is configured: no)."""
     token = _state(request).settings.admin_token
     if token is None:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
+        return False
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
     expected = token.get_secret_value().encode()
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
+
+
+def require_admin(request: Request) -> None:
+    token = _state(request).settings.admin_token
+    if token is None:  # unreachable through the app (the control plane is off), kept safe
+        raise ServiceError(403, "the control plane is off", error_type="control_plane_off")
+    if not is_admin(request):
         raise ServiceError(
             401,
             "this endpoint needs 'Authorization: Bearer <admin token>'",

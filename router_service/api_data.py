@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from router_service.api_control import is_admin
 from router_service.api_schema import (
     CHAT_BODY,
     COMPLETIONS_BODY,
@@ -119,9 +120,8 @@ async def explain(request: Request) -> JSONResponse:
     parsed = parse_body(body, detect_kind(body), "explain-" + state.new_request_id())
     parsed = await tokenized(state.tokenizer, parsed)
     decision = route_only(state, parsed, await state.worker_statuses())
-    return JSONResponse(
-        {**decision.to_dict(), "dry_run": True, "replica_id": state.replica_id, "outcome": None}
-    )
+    record = {**decision.to_dict(), "replica_id": state.replica_id, "outcome": None}
+    return JSONResponse({**_shown(request, record), "dry_run": True})
 
 
 @router.get(
@@ -139,7 +139,38 @@ async def explain_recorded(decision_id: str, request: Request) -> JSONResponse:
             field="decision_id",
             error_type="not_found",
         )
-    return JSONResponse({**record, "dry_run": False})
+    return JSONResponse({**_shown(request, record), "dry_run": False})
+
+
+# Per-candidate figures that reveal what a worker caches (and so, by probing, what other
+# clients sent): shown to holders of the admin token only (docs/operations.md, Security).
+_CACHE_DETAIL = (
+    "cached",
+    "uncached",
+    "base_ms",
+    "queue_ms",
+    "residual_ms",
+    "predicted_ms",
+    "impact_ms",
+    "cost_ms",
+    "in_flight",
+)
+
+
+def _shown(request: Request, record: dict[str, Any]) -> dict[str, Any]:
+    """A decision as this caller may see it: everything with the admin token; without it,
+    workers by label (unless configured) and no per-worker cache figures."""
+    state = _state(request)
+    if is_admin(request):
+        return record
+    name = state.public
+    candidates = [
+        {**c, **dict.fromkeys(_CACHE_DETAIL), "worker": name(c["worker"])}
+        for c in record.get("candidates", ())
+    ]
+    shown = {**record, "candidates": candidates, "chosen": name(record["chosen"])}
+    shown["reserve_ms"] = None
+    return shown
 
 
 @router.get(
@@ -156,8 +187,9 @@ async def health(request: Request) -> JSONResponse:
     store runs on its fallback. Says how the load store runs."""
     state = _state(request)
     snap = state.snapshot()
+    name = (lambda u: u) if state.on_control_port(request.scope) else state.public
     workers = {
-        u: {
+        name(u): {
             "healthy": w["healthy"],
             "reason": w["reason"] if not w["healthy"] else w["circuit_reason"],
             "circuit": w["circuit"],

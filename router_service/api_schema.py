@@ -250,6 +250,7 @@ class HealthAnswer(BaseModel):
 
 class WorkerAnswer(BaseModel):
     url: str
+    label: str = Field(description="how client-facing answers name the worker (w0, w1, ...)")
     healthy: bool
     reason: str | None
     consecutive_failures: int

@@ -47,12 +47,17 @@ from router_service.routing.block_sets import BlockSets
 from router_service.settings import Settings
 from router_service.state import ServiceState
 from router_service.tokenizer import load_tokenizer
+from router_service.ui import install_ui
 from router_service.worker_metrics import MetricsPoller
 from router_service.workers import WorkerPool
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("kvroute.app")
+
+# Served on the control listener only: the control plane and the operators' read-only views.
+CONTROL_PATHS = ("/workers", "/policy", "/models", "/metrics")
+OPS_PATHS = ("/metrics",)  # ... of which these need no admin token
 
 
 def _build_state(settings: Settings) -> ServiceState:
@@ -237,6 +242,16 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 name="snapshot",
             )
         )
+    where = f"{settings.control_host}:{state.control_port or settings.control_port_to_bind}"
+    if settings.admin_token is None:
+        log.warning(
+            "control plane is OFF (no admin token): /workers, /policy and /models answer 403; "
+            "start with KVROUTE_ADMIN_TOKEN or --admin-token to turn it on at %s "
+            "(/metrics is served there either way)",
+            where,
+        )
+    else:
+        log.info("control plane and /metrics on %s (bearer token required)", where)
     log.info(
         "kvroute %s router %s: policy %s, %d workers, load store %s",
         __version__,
@@ -319,12 +334,41 @@ class KVRouteApp(FastAPI):
     """
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            target = DATA_PLANE.get(scope["path"])
-            if target is not None:
-                await self._proxy(scope, receive, send, *target)
+        if scope["type"] == "http":
+            if scope["method"] == "POST" and not scope.get("root_path"):
+                target = DATA_PLANE.get(scope["path"])
+                if target is not None:
+                    await self._proxy(scope, receive, send, *target)
+                    return
+            refusal = self._port_refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
+
+    def _port_refusal(self, scope: Scope) -> Response | None:
+        """The control plane (and /metrics) answer on the control listener only, and the
+        control plane only with an admin token configured."""
+        path: str = scope["path"]
+        if not path.startswith(CONTROL_PATHS):
+            return None
+        state: ServiceState = self.state.kvroute
+        settings = state.settings
+        where = f"{settings.control_host}:{state.control_port or settings.control_port_to_bind}"
+        if not state.on_control_port(scope):
+            return error_response(
+                404,
+                f"{path} is served on the control listener ({where}), not on this port",
+                error_type="not_found",
+            )
+        if settings.admin_token is None and not path.startswith(OPS_PATHS):
+            return error_response(
+                403,
+                "the control plane is off: start the router with an admin token "
+                "(KVROUTE_ADMIN_TOKEN or --admin-token) to use /workers, /policy and /models",
+                error_type="control_plane_off",
+            )
+        return None
 
     async def _proxy(
         self, scope: Scope, receive: Receive, send: Send, kind: str, path: str
@@ -354,5 +398,6 @@ def create_app(settings: Settings) -> FastAPI:
     _install_error_handlers(app)
     app.include_router(data_router)
     app.include_router(control_router)
+    install_ui(app)  # /ui: the live decision viewer
     install_openapi(app)
     return app

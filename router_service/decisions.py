@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Protocol
 
-from router_service.routing import Decision
+from router_service.routing import Decision, RouteRequest
 
-__all__ = ["DecisionLog"]
+__all__ = ["DecisionFeed", "DecisionLog"]
+
+
+class DecisionFeed(Protocol):
+    """Who hears of each decision and outcome as it happens (``router_service.ui``)."""
+
+    def decided(
+        self, decision: Decision, extra: dict[str, Any], route: RouteRequest | None
+    ) -> None: ...
+
+    def finished(self, decision_id: str, outcome: dict[str, Any]) -> None: ...
 
 
 class DecisionLog:
@@ -19,16 +29,22 @@ class DecisionLog:
         self.capacity = capacity
         self._items: OrderedDict[str, tuple[Decision, dict[str, Any] | None, dict[str, Any]]]
         self._items = OrderedDict()
+        self.feed: DecisionFeed | None = None
 
-    def add(self, decision: Decision, **extra: Any) -> None:
+    def add(self, decision: Decision, route: RouteRequest | None = None, **extra: Any) -> None:
+        """Record a decision; ``route`` (the request) goes to the feed only, never stored."""
         self._items[decision.decision_id] = (decision, None, extra)
         if len(self._items) > self.capacity:
             self._items.popitem(last=False)
+        if self.feed is not None:
+            self.feed.decided(decision, extra, route)
 
     def set_outcome(self, decision_id: str, outcome: dict[str, Any]) -> None:
         item = self._items.get(decision_id)
         if item is not None:
             self._items[decision_id] = (item[0], outcome, item[2])
+        if self.feed is not None:
+            self.feed.finished(decision_id, outcome)
 
     def get(self, decision_id: str) -> dict[str, Any] | None:
         item = self._items.get(decision_id)

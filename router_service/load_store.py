@@ -1,6 +1,6 @@
 """Decayed queue load for the service: embedded, Redis, and Redis with embedded fallback.
 
-One async interface, three stores, the semantics of DESIGN 3.2 (``routing.load``): a load in
+One async interface, three stores, the semantics of ``routing.load``: a load in
 ms per worker that decays by 31/32 every 20 ms, reservations and decayed-remainder releases.
 
 - ``EmbeddedStore``: in process, one replica, no set-up.
@@ -323,7 +323,7 @@ class RedisMirror:
     decision reads a local copy of the loads, decayed to now on the server's clock (estimated
     from the last sync), plus this replica's own operations that the copy does not hold yet;
     reserve and release only queue. One script per sync applies the queued operations
-    atomically on the server's clock and reads every worker's load back, so DESIGN 3.2's
+    atomically on the server's clock and reads every worker's load back, so ``routing.load``'s
     semantics hold (a release subtracts the remainder decayed since the tick its reservation
     reached Redis at). A reservation released before its batch left is cancelled locally and
     never reaches Redis.

@@ -68,9 +68,13 @@ def route_only(state: ServiceState, parsed: ParsedRequest, statuses: list[Any]) 
     try:
         return state.router.decide(parsed.route, statuses)
     except NoEligibleWorker as exc:
+        if state.settings.expose_worker_urls:
+            detail = str(exc)
+        else:  # the reasons name hosts and ports: the control plane's /workers has them
+            detail = f"{len(statuses)} registered, none healthy" if statuses else str(exc)
         raise ServiceError(
             503,
-            f"no worker can take the request: {exc}",
+            f"no worker can take the request: {detail}",
             error_type="no_healthy_worker",
             headers={"Retry-After": "1"},
         ) from None
@@ -129,7 +133,8 @@ async def _with_retries(
             raise
     assert last is not None  # retry_max_attempts >= 1
     if len(failed) > 1:
-        last.message += f" (tried {len(failed)} workers: {', '.join(failed)})"
+        tried = ", ".join(state.public(url) for url in failed)
+        last.message += f" (tried {len(failed)} workers: {tried})"
     raise last
 
 
@@ -166,7 +171,7 @@ async def _attempt(
             raise _Retryable(
                 ServiceError(
                     503,
-                    f"worker {slot} became unavailable while the request waited",
+                    f"worker {state.public(slot)} became unavailable while the request waited",
                     error_type="upstream_unavailable",
                 )
             )
@@ -177,7 +182,10 @@ async def _attempt(
         raise
     flight.queue_slot = slot is not None
     decision = flight.decision
-    headers = {"X-KVRoute-Decision-Id": decision.decision_id, "X-KVRoute-Worker": decision.chosen}
+    headers = {
+        "X-KVRoute-Decision-Id": decision.decision_id,
+        "X-KVRoute-Worker": state.public(decision.chosen),
+    }
     try:
         upstream = await _send(state, request, decision.chosen, path, raw)
     except ServiceError as exc:
@@ -194,7 +202,7 @@ async def _attempt(
         failed[decision.chosen] = f"http_{upstream.status}"
         error = ServiceError(
             upstream.status,
-            f"worker {decision.chosen} answered {upstream.status}: {body[:200]!r}",
+            f"worker {state.public(decision.chosen)} answered {upstream.status}: {body[:200]!r}",
             error_type="upstream_unavailable",
             headers=headers,
         )
@@ -271,7 +279,7 @@ async def _commit(
     except BaseException:
         state.pool.record_request(decision.chosen, "neutral", trial=trial)
         raise
-    state.decisions.add(decision, replica_id=state.replica_id, attempt=attempt)
+    state.decisions.add(decision, parsed.route, replica_id=state.replica_id, attempt=attempt)
     return Flight(state, parsed, decision, reservation, started=started, breaker_trial=trial)
 
 
@@ -315,13 +323,15 @@ async def _send(
             return await state.http().post(url, data=raw, headers=headers, timeout=timeout)
     except TimeoutError:
         raise ServiceError(
-            504, f"worker {worker} did not answer within the timeout", error_type="upstream_timeout"
+            504,
+            f"worker {state.public(worker)} did not answer within the timeout",
+            error_type="upstream_timeout",
         ) from None
     except (aiohttp.ClientError, OSError) as exc:
         if isinstance(exc, aiohttp.ClientConnectorError):
             state.pool.record_failure(worker, f"connection failed: {type(exc).__name__}")
         raise ServiceError(
             502,
-            f"worker {worker} is unreachable: {type(exc).__name__}: {exc}",
+            f"worker {state.public(worker)} is unreachable: {type(exc).__name__}",
             error_type="upstream_unavailable",
         ) from None

@@ -158,6 +158,11 @@ class Flight:
                     metrics.ttft_seconds.labels(worker).observe(ttft_ms / 1000.0)
 
 
+def state_public(flight: Flight) -> str:
+    """How the client is told which worker served it (a label unless configured)."""
+    return flight.state.public(flight.decision.chosen)
+
+
 _MAX_USAGE_BODY = 1 << 20  # larger answers are not parsed for their token counts
 
 
@@ -224,7 +229,7 @@ async def relay(
             await flight.close(False, "upstream_broken", worker_fault=True)
             raise ServiceError(
                 502,
-                f"worker {flight.decision.chosen} broke off: {exc}",
+                f"worker {state_public(flight)} broke off: {type(exc).__name__}",
                 error_type="upstream_unavailable",
             ) from None
         upstream.release()
@@ -269,7 +274,7 @@ async def _stream(flight: Flight, upstream: aiohttp.ClientResponse) -> AsyncGene
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         # Bytes already reached the client, so no retry: end the stream with an SSE error
         # event the client can see (and no [DONE]: the answer is incomplete).
-        message = f"worker {flight.decision.chosen} broke off mid-stream: {type(exc).__name__}"
+        message = f"worker {state_public(flight)} broke off mid-stream: {type(exc).__name__}"
         event = {"error": {"message": message, "type": "upstream_broken", "code": 502}}
         yield f"data: {json.dumps(event)}\n\n".encode()
         await flight.close(False, "upstream_broken", worker_fault=True)

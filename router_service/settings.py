@@ -62,6 +62,14 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    # The control plane (/workers, /policy, /models) and /metrics listen here, apart from the
+    # data plane; the control plane needs admin_token and is off without one.
+    control_host: str = "127.0.0.1"
+    # None: the data port + 1 (8001 by default), or a free port when the data port is 0.
+    control_port: int | None = Field(None, ge=0, le=65535)
+    # Client-facing answers (X-KVRoute-Worker, /explain and /health on the data port, error
+    # messages) name workers by label (w0, w1, ...) unless this is set.
+    expose_worker_urls: bool = False
     worker_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     policy: str = "lbgr"
     policy_params: dict[str, Any] = Field(default_factory=dict)
@@ -227,6 +235,21 @@ class Settings(BaseSettings):
         if value is not None and urlsplit(value).scheme not in ("redis", "rediss", "unix"):
             raise ValueError("redis_url must start with redis://, rediss:// or unix://")
         return value
+
+    @property
+    def control_port_to_bind(self) -> int:
+        if self.control_port is not None:
+            return self.control_port
+        return self.port + 1 if self.port not in (0, 65535) else 0
+
+    @model_validator(mode="after")
+    def _check_ports(self) -> Settings:
+        if self.port != 0 and self.control_port == self.port:
+            raise ValueError(
+                f"control_port must differ from port ({self.port}): the control plane listens "
+                "on its own port"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_snapshot_key(self) -> Settings:

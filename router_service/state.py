@@ -54,6 +54,16 @@ class ServiceState:
     worker_load: MetricsPoller | None = None  # workers' own /metrics (settings.worker_metrics_s)
     kv_feed: KVEventFeed | None = None  # workers' KV events (settings.worker_kv_events)
     tokenizer: PromptTokenizer | None = None  # settings.tokenizer
+    control_port: int | None = None  # the control listener's port, once bound
+
+    def public(self, url: str) -> str:
+        """How a client-facing answer names a worker: its label, or its URL if configured."""
+        return url if self.settings.expose_worker_urls else self.pool.label(url)
+
+    def on_control_port(self, scope: Any) -> bool:
+        """Whether a request came in on the control listener."""
+        server = scope.get("server")
+        return self.control_port is not None and bool(server) and server[1] == self.control_port
 
     def http(self) -> aiohttp.ClientSession:
         if self.session is None:

@@ -34,10 +34,12 @@ class WorkerState:
     last_check_s: float | None = None
     added_s: float = field(default_factory=time.time)
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    label: str = ""  # how client-facing answers name it (w0, w1, ...; never reused)
 
     def to_dict(self) -> dict[str, object]:
         return {
             "url": self.url,
+            "label": self.label,
             "healthy": self.healthy,
             "reason": self.reason,
             "consecutive_failures": self.failures,
@@ -65,6 +67,7 @@ class WorkerPool:
         self.unhealthy_after = unhealthy_after
         self.healthy_after = healthy_after
         self.workers: dict[str, WorkerState] = {}
+        self._labels = 0
 
     def __contains__(self, url: str) -> bool:
         return url in self.workers
@@ -75,8 +78,17 @@ class WorkerPool:
     def add(self, url: str) -> WorkerState:
         if url in self.workers:
             raise KeyError(url)
-        state = self.workers[url] = WorkerState(url, breaker=CircuitBreaker(self.breaker_settings))
+        label = f"w{self._labels}"
+        self._labels += 1
+        state = self.workers[url] = WorkerState(
+            url, breaker=CircuitBreaker(self.breaker_settings), label=label
+        )
         return state
+
+    def label(self, url: str) -> str:
+        """The worker's label; a URL no longer registered is "a removed worker"."""
+        state = self.workers.get(url)
+        return state.label if state is not None else "a removed worker"
 
     def remove(self, url: str) -> None:
         del self.workers[url]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -191,7 +192,7 @@ def summarize_bench(
     time_scale: float,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The DESIGN 7 summary; hit rate from worker counter deltas over the run."""
+    """The run's summary (docs/design.md); hit rate from worker counter deltas over the run."""
     ok = [r for r in results if r.ok]
     lat = [r.latency_s for r in ok if r.latency_s is not None]
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
@@ -268,13 +269,29 @@ async def benchmark(
     return summary, results
 
 
-async def discover(url: str, headers: dict[str, str]) -> dict[str, Any]:
-    """What a kvroute router says about itself (policy, workers); {} for other routers."""
+def default_control_url(url: str) -> str:
+    """Where ``kvroute serve`` listens for its control plane by default: the data port + 1.
+
+    >>> default_control_url("http://127.0.0.1:8000")
+    'http://127.0.0.1:8001'
+    """
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.hostname}:{port + 1}"))
+
+
+async def discover(
+    url: str, headers: dict[str, str], control_url: str | None = None
+) -> dict[str, Any]:
+    """What a kvroute router says about itself (policy, workers) on its control listener
+    (``control_url``, default: the data port + 1; it needs the admin token in ``headers``);
+    {} for other routers, or without the token."""
     found: dict[str, Any] = {}
+    base = control_url or default_control_url(url)
     async with aiohttp.ClientSession(headers=headers) as session:
         for path, key in (("/policy", "policy"), ("/workers", "workers")):
             try:
-                async with session.get(url + path, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                async with session.get(base + path, timeout=aiohttp.ClientTimeout(total=5)) as r:
                     if r.status == 200:
                         found[key] = await r.json()
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError):

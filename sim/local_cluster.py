@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -28,6 +29,22 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def free_port_pair(host: str = "127.0.0.1") -> int:
+    """A free port whose successor is free too: for ``kvroute serve --port P``, whose control
+    listener takes P + 1 by default."""
+    for _ in range(64):
+        port = free_port(host)
+        if port >= 65535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
 
 
 def wait_healthy(
@@ -80,21 +97,33 @@ class LocalCluster:
     log_dir: str | None = None
     worker_urls: list[str] = field(default_factory=list)
     router_url: str | None = None
+    # kvroute's control listener (/workers, /policy, /models, /metrics) and its token, made
+    # for this cluster (passed in the environment, never on the command line).
+    control_url: str | None = None
+    admin_token: str = field(default_factory=lambda: secrets.token_hex(16))
     _workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _router: subprocess.Popen[bytes] | None = None
 
-    def _spawn(self, args: Sequence[str], name: str) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, args: Sequence[str], name: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        environ = {**os.environ, **env} if env else None
         if not self.log_dir:
             return subprocess.Popen(
                 list(args),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=environ,
             )
         os.makedirs(self.log_dir, exist_ok=True)
         with open(os.path.join(self.log_dir, f"{name}.log"), "wb") as log:
             return subprocess.Popen(
-                list(args), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                list(args),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=environ,
             )
 
     def start_workers(self, seed: int = 0) -> list[str]:
@@ -132,7 +161,11 @@ class LocalCluster:
         """Start ``kvroute serve`` or ``sglang-router`` in front of the workers."""
         self.stop_router()
         port = free_port(self.host)
+        env = None
         if kind == "kvroute":
+            control_port = free_port(self.host)
+            self.control_url = f"http://{self.host}:{control_port}"
+            env = {"KVROUTE_ADMIN_TOKEN": self.admin_token}
             args = [
                 sys.executable,
                 "-m",
@@ -142,6 +175,10 @@ class LocalCluster:
                 self.host,
                 "--port",
                 str(port),
+                "--control-host",
+                self.host,
+                "--control-port",
+                str(control_port),
                 "--policy",
                 policy,
                 "--worker-urls",
@@ -172,7 +209,7 @@ class LocalCluster:
             ]
         else:
             raise ValueError(f"unknown router kind {kind!r}; use kvroute or sglang-router")
-        self._router = self._spawn(args, f"router-{kind}-{policy}")
+        self._router = self._spawn(args, f"router-{kind}-{policy}", env)
         self.router_url = f"http://{self.host}:{port}"
         wait_healthy(self.router_url, 60, self._router)
         if kind == "sglang-router":
@@ -211,7 +248,7 @@ class LocalCluster:
     def stop_router(self) -> None:
         if self._router is not None:
             _terminate(self._router)
-            self._router, self.router_url = None, None
+            self._router, self.router_url, self.control_url = None, None, None
 
     def stop(self) -> None:
         self.stop_router()

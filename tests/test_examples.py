@@ -106,10 +106,15 @@ def cluster() -> Iterator[LocalCluster]:
 @pytest.mark.slow
 def test_hot_swap_swaps_and_promotes_under_load_without_failures(cluster: LocalCluster) -> None:
     assert cluster.router_url is not None
+    assert cluster.control_url is not None
     result, out = run_example(
         "hot_swap.py",
         "--url",
         cluster.router_url,
+        "--control-url",
+        cluster.control_url,
+        "--token",
+        cluster.admin_token,
         "--requests",
         "60",
         "--rate",

@@ -1,4 +1,4 @@
-"""Decayed queue load per worker, embedded in the process (DESIGN 3.2).
+"""Decayed queue load per worker, embedded in the process (docs/design.md).
 
 Each worker's load L (ms) decays by 31/32 every 20 ms on a global grid of ticks (half-life
 about 436 ms), as the paper's router decays it on a 20 ms timer. Decay is lazy: a value and

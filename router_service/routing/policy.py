@@ -42,7 +42,7 @@ class IndexSettings:
 
 
 # sglang-router 0.3.2 CLI defaults (`launch_router --help`: --eviction-interval-secs 60,
-# --max-tree-size 67108864). DESIGN 3.1 quotes 120 s; the released package says 60.
+# --max-tree-size 67108864). The paper quotes 120 s; the released package says 60.
 SGLANG_INDEX = IndexSettings(trim_interval_s=60.0, max_units_per_worker=2**26)
 # The paper's router (sgl-router of SGLang 0.4.6: eviction_interval 60, max_tree_size 2**24).
 PAPER_INDEX = IndexSettings(trim_interval_s=60.0, max_units_per_worker=2**24)

@@ -109,6 +109,15 @@ def environment(service: dict[str, Any]) -> dict[str, str]:
     return {str(k): "" if v is None else str(v) for k, v in env.items()}
 
 
+def control_port(service: dict[str, Any]) -> int:
+    """The port a router service's control listener (and /metrics) is on: its
+    KVROUTE_CONTROL_PORT, else its data port + 1 (``kvroute serve``'s default)."""
+    env = environment(service)
+    if "KVROUTE_CONTROL_PORT" in env:
+        return int(env["KVROUTE_CONTROL_PORT"])
+    return listen_port(service) + 1
+
+
 def listen_port(service: dict[str, Any]) -> int:
     """The port a kvroute/SGLang service listens on: its --port, else the image's default."""
     command = service.get("command") or []

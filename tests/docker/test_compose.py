@@ -248,6 +248,6 @@ def test_replicas_publish_their_control_plane_on_loopback_only(
     services = configs[None]["services"]
     ports = {name: published(services[name]) for name in ("router-1", "router-2")}
     assert ports == {
-        "router-1": [("127.0.0.1", 8001, 8000)],
-        "router-2": [("127.0.0.1", 8002, 8000)],
+        "router-1": [("127.0.0.1", 8001, 8001)],
+        "router-2": [("127.0.0.1", 8002, 8001)],
     }

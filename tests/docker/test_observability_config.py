@@ -27,6 +27,7 @@ from compose_support import (
     EMULATED_WORKERS,
     GPU_WORKERS,
     REPO,
+    control_port,
     listen_port,
     rendered,
     tool,
@@ -155,7 +156,10 @@ def test_prometheus_targets_are_compose_services_and_their_ports() -> None:
             for target in group["targets"]:
                 host, port = target.rsplit(":", 1)
                 assert host in services, f"{job['job_name']}: {host} is not a compose service"
-                assert listen_port(services[host]) == int(port), target
+                service = services[host]
+                router = host.startswith("router-")  # its /metrics: the control listener
+                expected = control_port(service) if router else listen_port(service)
+                assert expected == int(port), target
                 scraped.add(host)
     assert {"router-1", "router-2"} | GPU_WORKERS | EMULATED_WORKERS <= scraped
     prometheus = services["prometheus"]
@@ -214,9 +218,11 @@ def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
 # -- a live router and worker ---------------------------------------------------------------
 
 
-def _post(url: str, body: dict[str, Any]) -> bytes:
+def _post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> bytes:
     req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
     )
     with urllib.request.urlopen(req, timeout=60) as resp:
         return resp.read()
@@ -267,13 +273,16 @@ def live() -> Iterator[dict[str, Any]]:
     with LocalCluster(workers=1, time_scale=20.0) as cluster:
         (worker,) = cluster.start_workers()
         router = cluster.start_router("kvroute", "lbgr")
-        _post(router + "/models/challenger", {"spec": "linear"})
+        control = cluster.control_url
+        assert control is not None
+        auth = {"Authorization": f"Bearer {cluster.admin_token}"}
+        _post(control + "/models/challenger", {"spec": "linear"}, auth)
         _traffic(router)
         yield {
             "cluster": cluster,
-            "router": router,
+            "router": control,  # /metrics is on the control listener
             "worker": worker,
-            "router_text": _scrape(router),
+            "router_text": _scrape(control),
             "worker_text": _scrape(worker),
         }
 

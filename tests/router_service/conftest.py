@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from fake_worker import FakeWorker
 from router_harness import (
+    ADMIN_TOKEN,
     RedisServer,
     RouterServer,
     require_redis_server,
@@ -70,7 +71,14 @@ def routers(workers: Callable[..., FakeWorker]) -> Iterator[Callable[..., Router
     started: list[RouterServer] = []
 
     def make(**overrides: Any) -> RouterServer:
-        values: dict[str, Any] = {"health_interval_s": 0.5, "unhealthy_after_failures": 1}
+        # The control plane on (it needs a token) and worker URLs in answers, as most tests
+        # check them; the defaults themselves are tested in test_hardening and test_security.
+        values: dict[str, Any] = {
+            "health_interval_s": 0.5,
+            "unhealthy_after_failures": 1,
+            "admin_token": ADMIN_TOKEN,
+            "expose_worker_urls": True,
+        }
         values.update(overrides)
         router = RouterServer(service_settings(**values))
         started.append(router)
@@ -102,7 +110,11 @@ def shared_router() -> Iterator[tuple[RouterServer, tuple[FakeWorker, FakeWorker
     pool = (FakeWorker("a").start(), FakeWorker("b").start())
     router = RouterServer(
         service_settings(
-            worker_urls=[w.url for w in pool], max_body_bytes=1024, health_interval_s=0.5
+            worker_urls=[w.url for w in pool],
+            max_body_bytes=1024,
+            health_interval_s=0.5,
+            admin_token=ADMIN_TOKEN,
+            expose_worker_urls=True,
         )
     ).start()
     yield router, pool

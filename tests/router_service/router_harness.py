@@ -25,6 +25,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from router_service.app import create_app
+from router_service.listeners import bind_listeners
 from router_service.routing.load import DECAY_TICK_MS
 from router_service.settings import Settings
 
@@ -61,7 +62,9 @@ def async_http_client(base_url: str, timeout_s: float = 30.0) -> httpx.AsyncClie
 
 def service_settings(**values: Any) -> Settings:
     """Settings from ``values`` and the defaults only: ``KVROUTE_*`` variables in the shell
-    that runs the tests must not change what a test configures."""
+    that runs the tests must not change what a test configures. Listeners on free loopback
+    ports unless a test says otherwise."""
+    values = {"port": 0, "control_port": 0, **values}
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("KVROUTE_")}
     try:
         return Settings(**values)
@@ -112,27 +115,43 @@ def wait_until(check: Callable[[], bool], timeout_s: float = 5.0, every_s: float
 
 
 class RouterServer:
-    """``create_app(settings)`` on a real uvicorn server in a background thread."""
+    """``create_app(settings)`` on a real uvicorn server in a background thread, listening
+    on two loopback ports as ``kvroute serve`` does: ``client`` talks to the data port,
+    ``control`` to the control listener and ``admin`` to the data port, both with the admin
+    token when one is configured."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.app: FastAPI = create_app(settings)
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
+        self._sock, self._control_sock = bind_listeners(self.app.state.kvroute)
         self.port: int = self._sock.getsockname()[1]
+        self.control_port: int = self._control_sock.getsockname()[1]
         config = uvicorn.Config(
             self.app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=30
         )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True
+            target=self.server.run,
+            kwargs={"sockets": [self._sock, self._control_sock]},
+            daemon=True,
         )
         self.client = http_client(self.url)
+        self.control = http_client(self.control_url)
+        self.control_public = http_client(self.control_url)  # the control port, no token
+        # The data port as an operator sees it: /explain with every per-worker figure.
+        self.admin = http_client(self.url)
+        token = settings.admin_token
+        if token is not None:
+            for client in (self.control, self.admin):
+                client.headers["Authorization"] = f"Bearer {token.get_secret_value()}"
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def control_url(self) -> str:
+        return f"http://127.0.0.1:{self.control_port}"
 
     def start(self) -> RouterServer:
         self._thread.start()
@@ -145,10 +164,14 @@ class RouterServer:
 
     def stop(self) -> None:
         self.client.close()
+        self.control.close()
+        self.control_public.close()
+        self.admin.close()
         self.server.should_exit = True
         if self._thread.is_alive():
             self._thread.join(15)
         self._sock.close()
+        self._control_sock.close()
 
 
 class RedisServer:

@@ -50,7 +50,7 @@ def test_every_trial_outcome_frees_its_slot(outcome: str) -> None:
     clock = Clock()
     breaker = _opened(clock, success_threshold=100)
     clock.now = 10.0
-    # The attack of issue 37 F1: trials that end in 4xx held their slots for good, and the
+    # A replayed attack: trials that end in 4xx held their slots for good, and the
     # circuit stayed half-open with no slot free. Here every trial ends and frees its slot.
     for _ in range(50):
         assert breaker.allows()

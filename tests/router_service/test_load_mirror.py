@@ -1,6 +1,6 @@
 """``RedisMirror``: the Redis load store without a round trip per operation, against a real
 redis-server. A decision reads a local mirror plus this replica's unsent operations; writes
-leave in batches; the server applies them on its own clock with DESIGN 3.2's semantics."""
+leave in batches; the server applies them on its own clock with ``routing.load``'s semantics."""
 
 from __future__ import annotations
 

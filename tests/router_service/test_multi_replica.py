@@ -43,7 +43,7 @@ def _prompt(tag: str, length: int = 320) -> str:
 
 
 def _explain(router: RouterServer, prompt: str) -> dict[str, Any]:
-    resp = router.client.post("/explain", json={"text": prompt})
+    resp = router.admin.post("/explain", json={"text": prompt})
     assert resp.status_code == 200, resp.text
     body: dict[str, Any] = resp.json()
     return body
@@ -64,7 +64,7 @@ def _route(router: RouterServer, prompt: str) -> str:
 
 
 def _workers(router: RouterServer) -> dict[str, dict[str, Any]]:
-    return {w["url"]: w for w in router.client.get("/workers").json()["workers"]}
+    return {w["url"]: w for w in router.control.get("/workers").json()["workers"]}
 
 
 def _health(router: RouterServer) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def _health(router: RouterServer) -> dict[str, Any]:
 
 def _lag_count(router: RouterServer) -> float:
     found = re.search(
-        r"^kvroute_index_sync_lag_seconds_count (\S+)$", router.client.get("/metrics").text, re.M
+        r"^kvroute_index_sync_lag_seconds_count (\S+)$", router.control.get("/metrics").text, re.M
     )
     assert found is not None
     return float(found.group(1))
@@ -192,11 +192,11 @@ def test_worker_added_and_removed_on_one_replica_propagates(
     assert _route(a, prompt) == first.url
     assert wait_until(lambda: _sees_cached(b, prompt, first.url, 320), SYNC_WAIT_S)
 
-    assert a.client.post("/workers", json={"url": second.url}).status_code == 201
+    assert a.control.post("/workers", json={"url": second.url}).status_code == 201
     assert wait_until(lambda: second.url in _workers(b), SYNC_WAIT_S)
     assert wait_until(lambda: _workers(b)[second.url]["healthy"], SYNC_WAIT_S)
 
-    assert a.client.delete("/workers", params={"url": first.url}).status_code == 200
+    assert a.control.delete("/workers", params={"url": first.url}).status_code == 200
     assert wait_until(lambda: first.url not in _workers(b), SYNC_WAIT_S)
     # B forgot what the removed worker held and routes to the one that is left.
     assert _cached(b, prompt) == {second.url: 0}
@@ -290,10 +290,10 @@ def test_replica_id_appears_in_metrics_explain_and_health(
 ) -> None:
     urls = [w.url for w in two_workers]
     (a,) = replicas(1, redis_server.url, worker_urls=urls)
-    assert 'kvroute_replica_info{replica_id="a"} 1.0' in a.client.get("/metrics").text
+    assert 'kvroute_replica_info{replica_id="a"} 1.0' in a.control.get("/metrics").text
     assert _explain(a, "hello")["replica_id"] == "a"
     resp = a.client.post("/generate", json={"text": "hello"})
-    recorded = a.client.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
+    recorded = a.admin.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
     assert recorded["replica_id"] == "a"
     assert _health(a)["replica_id"] == "a"
     # Without --replica-id a replica names itself, differently each time.
@@ -303,17 +303,19 @@ def test_replica_id_appears_in_metrics_explain_and_health(
     assert ids[0] != ids[1]
     assert (
         f'kvroute_replica_info{{replica_id="{ids[0]}"}} 1.0'
-        in unnamed[0].client.get("/metrics").text
+        in unnamed[0].control.get("/metrics").text
     )
 
 
 # -- failures --------------------------------------------------------------------------------
 def _serve(
     redis_url: str, cluster: str, worker_urls: list[str], replica_id: str
-) -> tuple[str, subprocess.Popen[bytes]]:
-    """``python -m kvroute serve`` as a real process in its own process group."""
-    port = free_port()
+) -> tuple[str, str, subprocess.Popen[bytes]]:
+    """``python -m kvroute serve`` as a real process in its own process group; its control
+    listener (``/metrics``) on the next free port."""
+    port, control_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVROUTE_")}
+    env["KVROUTE_CONTROL_PORT"] = str(control_port)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -323,7 +325,7 @@ def _serve(
             "--port",
             str(port),
             "--policy",
-            "lbgr",
+            "lbgr_paper",
             "--redis-url",
             redis_url,
             "--cluster",
@@ -346,7 +348,7 @@ def _serve(
     except BaseException:
         _kill(proc)
         raise
-    return url, proc
+    return url, f"http://127.0.0.1:{control_port}", proc
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -364,10 +366,11 @@ def test_replica_killed_mid_request_leaves_no_permanent_load(
 ) -> None:
     slow, idle = workers("slow", delay_s=30.0), workers("idle")
     urls = [slow.url, idle.url]
-    doomed_url, doomed = _serve(redis_server.url, cluster_name, urls, "doomed")
+    doomed_url, doomed_control, doomed = _serve(redis_server.url, cluster_name, urls, "doomed")
     try:
+        with http_client(doomed_control) as control:
+            assert 'kvroute_replica_info{replica_id="doomed"} 1.0' in control.get("/metrics").text
         with http_client(doomed_url) as client:
-            assert 'kvroute_replica_info{replica_id="doomed"} 1.0' in client.get("/metrics").text
             assert client.post("/explain", json={"text": "x"}).json()["replica_id"] == "doomed"
         (survivor,) = replicas(1, redis_server.url, worker_urls=urls)
 
@@ -472,7 +475,7 @@ def test_new_replica_warm_starts_index_from_the_stream_and_models_from_redis(
     for i in range(12):
         prompt = _prompt(f"warm{i}")
         routed[prompt] = _route(a, prompt)
-    samples_a = a.client.get("/models").json()["models"]["champion"]["samples"]
+    samples_a = a.control.get("/models").json()["models"]["champion"]["samples"]
     assert samples_a == 12
     key = f"kvroute:{cluster_name}:models:latest"
     # The periodic snapshot (every 0.2 s) reached Redis with everything a learned.
@@ -486,11 +489,11 @@ def test_new_replica_warm_starts_index_from_the_stream_and_models_from_redis(
         replica_id="late",
         model_snapshot_key=SNAPSHOT_KEY,
     )
-    answer = late.client.get("/models").json()
+    answer = late.control.get("/models").json()
     assert answer["snapshots"]["loaded_from"] == key
     models = answer["models"]
     assert models["champion"]["samples"] == 12  # learned elsewhere, loaded at start
-    assert models["version"] == a.client.get("/models").json()["models"]["version"]
+    assert models["version"] == a.control.get("/models").json()["models"]["version"]
     # The index replays the stream's history: everything a routed is known from the start.
     for prompt, worker in routed.items():
         assert wait_until(lambda p=prompt, w=worker: _sees_cached(late, p, w, 320), SYNC_WAIT_S)

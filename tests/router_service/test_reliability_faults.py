@@ -108,7 +108,7 @@ def _generate(tokens: int, seed: int, *, stream: bool = False) -> dict[str, Any]
 
 
 def _record(router: RouterServer, decision_id: str) -> dict[str, Any]:
-    record: dict[str, Any] = router.client.get(f"/explain/{decision_id}").json()
+    record: dict[str, Any] = router.admin.get(f"/explain/{decision_id}").json()
     return record
 
 
@@ -118,7 +118,7 @@ def _first_attempt(router: RouterServer, decision_id: str) -> dict[str, Any]:
 
 
 def _worker(router: RouterServer, url: str) -> dict[str, Any]:
-    listed = router.client.get("/workers").json()["workers"]
+    listed = router.control.get("/workers").json()["workers"]
     found: dict[str, Any] = next(w for w in listed if w["url"] == url)
     return found
 
@@ -295,7 +295,7 @@ def test_worker_answering_500_trips_its_breaker_then_recovers(
     assert view["circuit"] == "open"
     assert view["circuit_opens"] == 1
     assert view["healthy"] is True  # /health still answers: only the breaker ejects it
-    dry = router.client.post("/explain", json={"text": "where"}).json()
+    dry = router.admin.post("/explain", json={"text": "where"}).json()
     bad_line = next(c for c in dry["candidates"] if c["worker"] == bad.url)
     assert bad_line["eligible"] is False
     assert "circuit open" in bad_line["reason"]
@@ -414,6 +414,7 @@ def test_sigterm_drains_the_request_in_flight_then_exits(
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVROUTE_")}
     env.update(KVROUTE_DRAIN_GRACE_S="1.5", KVROUTE_DRAIN_TIMEOUT_S="20")
+    env["KVROUTE_CONTROL_PORT"] = str(free_port())
     args = [sys.executable, "-m", "kvroute", "serve", "--port", str(port)]
     args += ["--worker-urls", worker.url, "--policy", "round_robin", "--log-level", "warning"]
     proc = subprocess.Popen(

@@ -141,7 +141,7 @@ def test_wrong_types_and_token_counts_are_400_naming_the_field(
     resp = learning_router.client.post(path, json=body)
     error = _error(resp, 400)
     assert error["param"] == field, error
-    explained = learning_router.client.post("/explain", json=body)
+    explained = learning_router.admin.post("/explain", json=body)
     assert explained.status_code == 400
 
 
@@ -149,7 +149,7 @@ def test_wrong_types_and_token_counts_are_400_naming_the_field(
 def test_token_counts_at_the_bounds_are_routed(learning_router: RouterServer, tokens: int) -> None:
     body = {"text": "bounds", "sampling_params": {"max_new_tokens": tokens}}
     assert learning_router.client.post("/generate", json=body).status_code == 200
-    assert learning_router.client.post("/explain", json=body).status_code == 200
+    assert learning_router.admin.post("/explain", json=body).status_code == 200
 
 
 def test_huge_bodies_are_413_and_never_reach_a_worker(shared_router: Shared) -> None:
@@ -191,11 +191,11 @@ def test_control_plane_unknown_fields_and_wrong_types_are_400_naming_the_field(
     field: str,
 ) -> None:
     router = routers(worker_urls=[w.url for w in two_workers])
-    resp = router.client.request(method, path, json=body)
+    resp = router.control.request(method, path, json=body)
     error = _error(resp, 400)
     assert error["param"] == field
     assert field in error["message"]
-    assert len(router.client.get("/workers").json()["workers"]) == 2  # nothing registered
+    assert len(router.control.get("/workers").json()["workers"]) == 2  # nothing registered
 
 
 # -- admission control ----------------------------------------------------------------------

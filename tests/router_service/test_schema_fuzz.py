@@ -95,9 +95,15 @@ def test_every_operation_is_fuzzed(router_schema: schemathesis.BaseSchema) -> No
 @pytest.mark.slow
 @pytest.mark.parametrize(("method", "path"), OPERATIONS)
 def test_every_answer_conforms_to_the_openapi_schema(
-    router_schema: schemathesis.BaseSchema, method: str, path: str
+    router_schema: schemathesis.BaseSchema,
+    fuzzed_router: RouterServer,
+    method: str,
+    path: str,
 ) -> None:
     operation = router_schema[path][method]
+    # The control plane and /metrics answer on the control listener only.
+    control = path.startswith(("/workers", "/policy", "/models", "/metrics"))
+    base_url = fuzzed_router.control_url if control else fuzzed_router.url
 
     # Schema-valid cases and schema-violating ones (wrong types, missing fields, bad JSON).
     cases = st.one_of(operation.as_strategy(), operation.as_strategy(GenerationMode.NEGATIVE))
@@ -111,6 +117,6 @@ def test_every_answer_conforms_to_the_openapi_schema(
         suppress_health_check=list(HealthCheck),
     )
     def fuzz(case: schemathesis.Case) -> None:
-        case.call_and_validate(headers=AUTH, checks=CHECKS)
+        case.call_and_validate(base_url=base_url, headers=AUTH, checks=CHECKS)
 
     fuzz()

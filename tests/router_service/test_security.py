@@ -35,7 +35,7 @@ def secured(
 
 
 def _urls(router: RouterServer) -> list[str]:
-    return [w["url"] for w in router.client.get("/workers", headers=AUTH).json()["workers"]]
+    return [w["url"] for w in router.control.get("/workers", headers=AUTH).json()["workers"]]
 
 
 # -- bearer auth ----------------------------------------------------------------------------
@@ -65,7 +65,7 @@ def test_missing_or_wrong_token_is_401_and_changes_nothing(
         ("GET", "/workers", None),
     ]
     for method, path, body in attempts:
-        resp = secured.client.request(method, path, json=body, headers=headers)
+        resp = secured.control_public.request(method, path, json=body, headers=headers)
         assert resp.status_code == 401, (method, path, resp.text)
         assert resp.headers["WWW-Authenticate"] == "Bearer"
         error = resp.json()["error"]
@@ -73,14 +73,14 @@ def test_missing_or_wrong_token_is_401_and_changes_nothing(
         assert "Bearer" in error["message"]
         assert ADMIN_TOKEN not in resp.text
     assert len(_urls(secured)) == 2
-    assert secured.client.get("/policy", headers=AUTH).json()["name"] == "lbgr"
+    assert secured.control.get("/policy", headers=AUTH).json()["name"] == "lbgr"
 
 
 def test_the_scheme_is_case_insensitive_and_the_data_plane_needs_no_token(
     secured: RouterServer,
 ) -> None:
     lower = {"Authorization": f"bearer {ADMIN_TOKEN}"}
-    assert secured.client.get("/workers", headers=lower).status_code == 200
+    assert secured.control.get("/workers", headers=lower).status_code == 200
     assert secured.client.post("/generate", json={"text": "open"}).status_code == 200
     assert secured.client.get("/health").status_code == 200
 
@@ -118,7 +118,7 @@ def test_the_scheme_is_case_insensitive_and_the_data_plane_needs_no_token(
 def test_worker_urls_off_the_allow_list_are_refused(
     secured: RouterServer, url: str, status: int
 ) -> None:
-    resp = secured.client.post("/workers", json={"url": url}, headers=AUTH)
+    resp = secured.control.post("/workers", json={"url": url}, headers=AUTH)
     assert resp.status_code == status, resp.text
     error = resp.json()["error"]
     assert error["param"] == "url"
@@ -140,12 +140,12 @@ def test_the_allow_list_admits_configured_networks_and_hosts(
         health_timeout_s=0.3,
     )
     for url in ("http://192.0.2.7:30001", "http://worker.invalid:30001"):
-        resp = router.client.post("/workers", json={"url": url})
+        resp = router.control.post("/workers", json={"url": url})
         assert resp.status_code == 201, resp.text
         assert resp.json()["healthy"] is False
     # Loopback is no longer on the list, but the configured workers' hosts always are.
-    assert router.client.post("/workers", json={"url": "http://127.0.0.1:9"}).status_code == 201
-    refused = router.client.post("/workers", json={"url": "http://[::1]:9"})
+    assert router.control.post("/workers", json={"url": "http://127.0.0.1:9"}).status_code == 201
+    refused = router.control.post("/workers", json={"url": "http://[::1]:9"})
     assert refused.status_code == 403
 
 

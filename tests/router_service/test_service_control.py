@@ -38,7 +38,7 @@ def secured(
 
 
 def _admin(router: RouterServer, method: str, path: str, body: Any = None) -> httpx.Response:
-    return router.client.request(method, path, json=body, headers=AUTH)
+    return router.control_public.request(method, path, json=body, headers=AUTH)
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ def test_admin_endpoints_refuse_without_the_token(
 ) -> None:
     headers = {} if authorization is None else {"Authorization": authorization}
     for method, path, body in ADMIN_ENDPOINTS:
-        resp = secured.client.request(method, path, json=body, headers=headers)
+        resp = secured.control_public.request(method, path, json=body, headers=headers)
         assert resp.status_code == 401, (method, path, resp.text)
         assert resp.headers["WWW-Authenticate"] == "Bearer"
         error = resp.json()["error"]
@@ -70,14 +70,14 @@ def test_admin_endpoints_accept_the_token(secured: RouterServer) -> None:
 
 def test_data_plane_needs_no_token(secured: RouterServer) -> None:
     assert secured.client.post("/generate", json={"text": "hi"}).status_code == 200
-    assert secured.client.post("/explain", json={"text": "hi"}).status_code == 200
+    assert secured.admin.post("/explain", json={"text": "hi"}).status_code == 200
     assert secured.client.get("/health").status_code == 200
-    assert secured.client.get("/metrics").status_code == 200
+    assert secured.control.get("/metrics").status_code == 200
     assert secured.client.get("/v1/models").status_code == 200
 
 
 def test_control_plane_is_open_without_a_configured_token(router: RouterServer) -> None:
-    assert router.client.get("/workers").status_code == 200
+    assert router.control.get("/workers").status_code == 200
 
 
 def test_add_worker_at_run_time(
@@ -85,12 +85,12 @@ def test_add_worker_at_run_time(
 ) -> None:
     a, b = workers("a"), workers("b")
     router = routers(worker_urls=[a.url], policy="round_robin")
-    resp = router.client.post("/workers", json={"url": b.url + "/"})
+    resp = router.control.post("/workers", json={"url": b.url + "/"})
     assert resp.status_code == 201
     view = resp.json()
     assert view["url"] == b.url  # normalized: no trailing slash
     assert view["healthy"] is True
-    assert [w["url"] for w in router.client.get("/workers").json()["workers"]] == [a.url, b.url]
+    assert [w["url"] for w in router.control.get("/workers").json()["workers"]] == [a.url, b.url]
     seen = Counter(
         router.client.post("/generate", json={"text": f"p{i}"}).headers["X-KVRoute-Worker"]
         for i in range(6)
@@ -103,7 +103,7 @@ def test_add_unreachable_worker_is_registered_unhealthy(
 ) -> None:
     gone = workers("gone")
     gone.stop()
-    resp = router.client.post("/workers", json={"url": gone.url})
+    resp = router.control.post("/workers", json={"url": gone.url})
     assert resp.status_code == 201
     assert resp.json()["healthy"] is False
     for i in range(4):
@@ -122,12 +122,12 @@ def test_removed_worker_gets_no_traffic_and_its_index_is_dropped(
     prompt = "shared system prompt " * 10
     first = router.client.post("/generate", json={"text": prompt})
     assert first.headers["X-KVRoute-Worker"] == a.url  # a tie goes to the first worker
-    assert router.client.get("/workers").json()["workers"][0]["index_units"] == len(prompt)
+    assert router.control.get("/workers").json()["workers"][0]["index_units"] == len(prompt)
 
     if how == "query":
-        resp = router.client.delete("/workers", params={"url": a.url})
+        resp = router.control.delete("/workers", params={"url": a.url})
     else:
-        resp = router.client.request("DELETE", "/workers", content=json.dumps({"url": a.url}))
+        resp = router.control.request("DELETE", "/workers", content=json.dumps({"url": a.url}))
     assert resp.status_code == 200
     assert resp.json() == {"removed": a.url, "workers": [b.url]}
 
@@ -140,16 +140,16 @@ def test_removed_worker_gets_no_traffic_and_its_index_is_dropped(
     assert router.client.get("/health").json()["workers"].keys() == {b.url}
 
     # Re-added, it starts from nothing: no index entries, no load, no learned model.
-    assert router.client.post("/workers", json={"url": a.url}).status_code == 201
-    views = {w["url"]: w for w in router.client.get("/workers").json()["workers"]}
+    assert router.control.post("/workers", json={"url": a.url}).status_code == 201
+    views = {w["url"]: w for w in router.control.get("/workers").json()["workers"]}
     assert views[a.url]["index_units"] == 0
     assert views[a.url]["in_flight"] == 0
-    explained = router.client.post("/explain", json={"text": prompt}).json()
+    explained = router.admin.post("/explain", json={"text": prompt}).json()
     cand = next(c for c in explained["candidates"] if c["worker"] == a.url)
     assert cand["cached"] == 0
     assert cand["queue_ms"] == 0.0
     assert cand["residual_ms"] == 0.0
-    per_worker = router.client.get("/models").json()["models"]["champion"]["per_worker_mae_ms"]
+    per_worker = router.control.get("/models").json()["models"]["champion"]["per_worker_mae_ms"]
     assert a.url not in per_worker
 
 
@@ -166,22 +166,22 @@ def test_worker_removed_while_in_flight_stays_forgotten(
     thread.start()
     try:
         assert wait_until(lambda: a.served() == 1)
-        assert router.client.delete("/workers", params={"url": a.url}).status_code == 200
-        assert router.client.post("/workers", json={"url": a.url}).status_code == 201
+        assert router.control.delete("/workers", params={"url": a.url}).status_code == 200
+        assert router.control.post("/workers", json={"url": a.url}).status_code == 201
     finally:
         thread.join(10)
     assert result[0].status_code == 200
     assert result[0].headers["X-KVRoute-Worker"] == a.url
-    models = router.client.get("/models").json()["models"]["champion"]
+    models = router.control.get("/models").json()["models"]["champion"]
     assert a.url not in models["per_worker_mae_ms"]
     assert models["samples"] == 0
-    views = {w["url"]: w for w in router.client.get("/workers").json()["workers"]}
+    views = {w["url"]: w for w in router.control.get("/workers").json()["workers"]}
     assert views[a.url]["in_flight"] == 0
     assert views[a.url]["pending_units"] == 0
-    cand = router.client.post("/explain", json={"text": "x" * 50}).json()["candidates"]
+    cand = router.admin.post("/explain", json={"text": "x" * 50}).json()["candidates"]
     fresh = next(c for c in cand if c["worker"] == a.url)
     assert (fresh["cached"], fresh["residual_ms"], fresh["queue_ms"]) == (0, 0.0, 0.0)
-    metrics = router.client.get("/metrics").text
+    metrics = router.control.get("/metrics").text
     assert f'kvroute_cache_hit_ratio_estimate{{worker="{a.url}"}} 0.0' in metrics
 
 
@@ -224,25 +224,25 @@ def test_control_plane_bad_input(
     status: int,
     field: str | None,
 ) -> None:
-    resp = router.client.request(method, path, json=body)
+    resp = router.control.request(method, path, json=body)
     assert resp.status_code == status, resp.text
     assert "Traceback" not in resp.text
     error = resp.json()["error"]
     assert error["param"] == field
     assert error["message"]
     # Refused means unchanged: the router still routes with what it had.
-    assert router.client.get("/policy").json()["name"] == "lbgr"
+    assert router.control.get("/policy").json()["name"] == "lbgr"
     assert router.client.post("/generate", json={"text": "still fine"}).status_code == 200
 
 
 def test_duplicate_worker_is_409(router: RouterServer, two_workers: tuple[FakeWorker, ...]) -> None:
-    resp = router.client.post("/workers", json={"url": two_workers[0].url})
+    resp = router.control.post("/workers", json={"url": two_workers[0].url})
     assert resp.status_code == 409
     assert resp.json()["error"]["type"] == "conflict"
 
 
 def test_unknown_policy_lists_the_known_ones(router: RouterServer) -> None:
-    message = router.client.put("/policy", json={"name": "nope"}).json()["error"]["message"]
+    message = router.control.put("/policy", json={"name": "nope"}).json()["error"]["message"]
     for name in ("lbgr", "cache_aware", "round_robin", "random", "power_of_two"):
         assert name in message
 
@@ -250,52 +250,52 @@ def test_unknown_policy_lists_the_known_ones(router: RouterServer) -> None:
 def test_switch_policy_at_run_time(
     router: RouterServer, two_workers: tuple[FakeWorker, FakeWorker]
 ) -> None:
-    assert router.client.get("/policy").json() == {"name": "lbgr", "params": {}}
-    resp = router.client.put("/policy", json={"name": "round_robin"})
+    assert router.control.get("/policy").json() == {"name": "lbgr", "params": {}}
+    resp = router.control.put("/policy", json={"name": "round_robin"})
     assert resp.status_code == 200
     assert resp.json() == {"name": "round_robin", "params": {}}
-    assert router.client.get("/policy").json()["name"] == "round_robin"
+    assert router.control.get("/policy").json()["name"] == "round_robin"
     assert router.client.get("/health").json()["policy"] == "round_robin"
     resps = [router.client.post("/generate", json={"text": "same"}) for _ in range(4)]
     assert Counter(r.headers["X-KVRoute-Worker"] for r in resps) == {
         two_workers[0].url: 2,
         two_workers[1].url: 2,
     }
-    record = router.client.get(f"/explain/{resps[0].headers['X-KVRoute-Decision-Id']}").json()
+    record = router.admin.get(f"/explain/{resps[0].headers['X-KVRoute-Decision-Id']}").json()
     assert record["policy"] == "round_robin"
     # Models belong to a learning policy only.
-    answer = router.client.get("/models").json()
+    answer = router.control.get("/models").json()
     assert (answer["policy"], answer["models"]) == ("round_robin", None)
-    assert router.client.put("/models", json={"spec": "linear"}).status_code == 409
+    assert router.control.put("/models", json={"spec": "linear"}).status_code == 409
 
     params = {"preset": "paper"}
-    resp = router.client.put("/policy", json={"name": "cache_aware", "params": params})
+    resp = router.control.put("/policy", json={"name": "cache_aware", "params": params})
     assert resp.status_code == 200, resp.text
-    assert router.client.get("/policy").json() == {"name": "cache_aware", "params": params}
-    assert router.client.post("/explain", json={"text": "x"}).json()["policy"] == "cache_aware"
+    assert router.control.get("/policy").json() == {"name": "cache_aware", "params": params}
+    assert router.admin.post("/explain", json={"text": "x"}).json()["policy"] == "cache_aware"
 
 
 def test_model_swap_per_worker_and_for_all(
     router: RouterServer, two_workers: tuple[FakeWorker, FakeWorker]
 ) -> None:
     _a, b = two_workers
-    models = router.client.get("/models").json()
+    models = router.control.get("/models").json()
     assert models["policy"] == "lbgr"
     assert models["models"]["version"] == 1
     assert models["models"]["champion"]["spec"]["kind"] == "ewmean"
-    resp = router.client.put("/models", json={"spec": "none", "worker": b.url})
+    resp = router.control.put("/models", json={"spec": "none", "worker": b.url})
     assert resp.status_code == 200
     status = resp.json()
     assert status["version"] == 2
     assert status["champion"]["overrides"] == {b.url: {"kind": "none", "params": {}}}
-    explained = router.client.post("/explain", json={"text": "q"}).json()
+    explained = router.admin.post("/explain", json={"text": "q"}).json()
     assert explained["model"]["version"] == 2
     spec = {"kind": "linear", "params": {}}
-    status = router.client.put("/models", json={"spec": spec}).json()
+    status = router.control.put("/models", json={"spec": spec}).json()
     assert status["version"] == 3
     assert status["champion"]["spec"]["kind"] == "linear"
     assert status["champion"]["overrides"] == {}
-    assert router.client.post("/explain", json={"text": "q"}).json()["model"] == {
+    assert router.admin.post("/explain", json={"text": "q"}).json()["model"] == {
         "kind": "linear",
         "version": 3,
     }
@@ -309,13 +309,16 @@ def test_hot_swap_under_concurrent_load_loses_no_request(
     specs = ["linear", "tree", "ratio", "none", {"kind": "linear", "params": {}}, "ewmean"]
 
     async def run() -> tuple[list[httpx.Response], list[httpx.Response]]:
-        async with async_http_client(router.url) as client:
+        async with (
+            async_http_client(router.url) as client,
+            async_http_client(router.control_url) as control,
+        ):
 
             async def swaps() -> list[httpx.Response]:
                 out = []
                 for spec in specs:
                     await asyncio.sleep(0.03)
-                    out.append(await client.put("/models", json={"spec": spec}))
+                    out.append(await control.put("/models", json={"spec": spec}, headers=AUTH))
                 return out
 
             async def one(i: int, stream: bool) -> httpx.Response:
@@ -334,44 +337,44 @@ def test_hot_swap_under_concurrent_load_loses_no_request(
     for resp in resps:
         if resp.headers["content-type"].startswith("text/event-stream"):
             assert resp.text.endswith("data: [DONE]\n\n")
-    status = router.client.get("/models").json()["models"]
+    status = router.control.get("/models").json()["models"]
     assert status["version"] == 1 + len(specs)
     assert status["champion"]["failures"] == 0
-    workers_view = router.client.get("/workers").json()["workers"]
+    workers_view = router.control.get("/workers").json()["workers"]
     assert all(w["in_flight"] == 0 for w in workers_view)
     # Every request's decision closed with an outcome.
     for resp in resps[:10]:
-        record = router.client.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
+        record = router.admin.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
         assert record["outcome"]["status"] == "ok"
 
 
 def test_challenger_start_status_promote(
     router: RouterServer, two_workers: tuple[FakeWorker, FakeWorker]
 ) -> None:
-    challenger = router.client.get("/models/challenger").json()
+    challenger = router.control.get("/models/challenger").json()
     assert challenger["challenger"] is None
     assert challenger["champion"]["spec"]["kind"] == "ewmean"
 
-    resp = router.client.post("/models/challenger", json={"spec": "linear"})
+    resp = router.control.post("/models/challenger", json={"spec": "linear"})
     assert resp.status_code == 201
     assert resp.json()["challenger"]["spec"]["kind"] == "linear"
     for i in range(6):
         assert router.client.post("/generate", json={"text": f"learn {i}"}).status_code == 200
-    status = router.client.get("/models/challenger").json()
+    status = router.control.get("/models/challenger").json()
     assert status["challenger"]["samples"] == 6  # it learned in shadow
     assert status["champion"]["samples"] == 6
     assert status["version"] == 1  # shadow learning does not change the champion
 
-    promoted = router.client.post("/models/promote").json()
+    promoted = router.control.post("/models/promote").json()
     assert promoted["version"] == 2
     assert promoted["champion"]["spec"]["kind"] == "linear"
     assert promoted["champion"]["samples"] == 6  # what it learned in shadow came along
     assert promoted["challenger"] is None
-    again = router.client.post("/models/promote")
+    again = router.control.post("/models/promote")
     assert again.status_code == 409
     assert "no challenger" in again.json()["error"]["message"]
 
-    router.client.post("/models/challenger", json={"spec": "tree"})
-    dropped = router.client.delete("/models/challenger").json()
+    router.control.post("/models/challenger", json={"spec": "tree"})
+    dropped = router.control.delete("/models/challenger").json()
     assert dropped["challenger"] is None
     assert dropped["champion"]["spec"]["kind"] == "linear"

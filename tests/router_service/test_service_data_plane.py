@@ -59,7 +59,7 @@ def test_generate_with_input_ids(
     worker = _worker_for(resp, two_workers)
     assert worker.received[-1].body["input_ids"] == [1, 2, 3, 4, 5]
     assert resp.json()["meta_info"]["prompt_tokens"] == 5
-    decision = router.client.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
+    decision = router.admin.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
     assert decision["units"] == 5  # routed on the token ids, not on characters
 
 
@@ -129,7 +129,7 @@ def test_worker_error_status_passes_through(
     assert resp.status_code == 422
     assert resp.json()["error"]["message"] == "worker picky refuses"
     assert resp.headers["X-KVRoute-Worker"] == worker.url
-    record = router.client.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
+    record = router.admin.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
     assert record["outcome"]["status"] == "http_422"
     assert record["outcome"]["residual_target_ms"] is None  # failures do not train
 
@@ -189,6 +189,6 @@ def test_worker_breaking_off_mid_stream_ends_with_an_sse_error(
     events = _sse_events(rest)
     assert json.loads(events[-1])["error"]["type"] == "upstream_broken"
     assert "[DONE]" not in events
-    record = router.client.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
+    record = router.admin.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
     assert record["outcome"]["status"] == "upstream_broken"
-    assert router.client.get("/workers").json()["workers"][0]["in_flight"] == 0
+    assert router.control.get("/workers").json()["workers"][0]["in_flight"] == 0

@@ -98,7 +98,7 @@ def test_wrong_method_is_405_json(shared_router: Shared) -> None:
 
 def test_unknown_decision_id_is_404_json(shared_router: Shared) -> None:
     router, _ = shared_router
-    resp = router.client.get("/explain/0123456789abcdef")
+    resp = router.admin.get("/explain/0123456789abcdef")
     assert resp.status_code == 404
     assert _error(resp)["param"] == "decision_id"
 
@@ -129,7 +129,7 @@ def test_no_healthy_worker_is_503_with_reasons(
     assert dead.url in message
     assert sick.url in message
     assert router.client.get("/health").status_code == 503
-    assert router.client.post("/explain", json={"text": "hi"}).status_code == 503
+    assert router.admin.post("/explain", json={"text": "hi"}).status_code == 503
 
 
 @pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/explain"])
@@ -172,7 +172,7 @@ def test_worker_gone_after_routing_is_502_json(
     assert error["type"] == "upstream_unavailable"
     assert worker.url in str(error["message"])
     assert resp.headers["X-KVRoute-Worker"] == worker.url
-    record = router.client.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
+    record = router.admin.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
     assert record["outcome"]["status"] == "upstream_unavailable"
     # One passive failure is enough with unhealthy_after_failures=1.
     assert router.client.get("/health").json()["workers"][worker.url]["healthy"] is False

@@ -27,7 +27,7 @@ def _check_schema(decision: dict[str, Any], workers: list[str]) -> None:
 
 def test_dry_run_schema_for_lbgr(router: RouterServer, two_workers: tuple[FakeWorker, ...]) -> None:
     urls = [w.url for w in two_workers]
-    body = router.client.post("/explain", json={"text": "hello world"}).json()
+    body = router.admin.post("/explain", json={"text": "hello world"}).json()
     _check_schema(body, urls)
     assert body["policy"] == "lbgr"
     assert body["dry_run"] is True
@@ -54,7 +54,7 @@ def test_dry_run_schema_for_lbgr(router: RouterServer, two_workers: tuple[FakeWo
     ],
 )
 def test_dry_run_takes_every_body_kind(router: RouterServer, body: dict[str, Any]) -> None:
-    resp = router.client.post("/explain", json=body)
+    resp = router.admin.post("/explain", json=body)
     assert resp.status_code == 200, resp.text
     assert resp.json()["candidates"][0]["uncached"] > 0
 
@@ -63,7 +63,7 @@ def test_unused_fields_are_present_and_null(
     routers: Callable[..., RouterServer], two_workers: tuple[FakeWorker, ...]
 ) -> None:
     router = routers(worker_urls=[w.url for w in two_workers], policy="round_robin")
-    body = router.client.post("/explain", json={"text": "hi"}).json()
+    body = router.admin.post("/explain", json={"text": "hi"}).json()
     _check_schema(body, [w.url for w in two_workers])
     assert body["policy"] == "round_robin"
     assert body["model"] is None
@@ -78,7 +78,7 @@ def test_ineligible_worker_says_why(
     good, sick = workers("good"), workers("sick")
     sick.health_status = 503
     router = routers(worker_urls=[good.url, sick.url])
-    body = router.client.post("/explain", json={"text": "hi"}).json()
+    body = router.admin.post("/explain", json={"text": "hi"}).json()
     assert body["chosen"] == good.url
     cand = body["candidates"][1]
     assert cand["worker"] == sick.url
@@ -90,20 +90,20 @@ def test_dry_run_reserves_and_sends_nothing(
     router: RouterServer, two_workers: tuple[FakeWorker, ...]
 ) -> None:
     router.client.post("/generate", json={"text": "warm " * 20})
-    before = router.client.get("/workers").json()["workers"]
+    before = router.control.get("/workers").json()["workers"]
     served = [w.served() for w in two_workers]
     for _ in range(5):
-        resp = router.client.post("/explain", json={"text": "x" * 300})
+        resp = router.admin.post("/explain", json={"text": "x" * 300})
         assert resp.status_code == 200
-        assert router.client.get(f"/explain/{resp.json()['decision_id']}").status_code == 404
-    after = router.client.get("/workers").json()["workers"]
+        assert router.admin.get(f"/explain/{resp.json()['decision_id']}").status_code == 404
+    after = router.control.get("/workers").json()["workers"]
     assert [w.served() for w in two_workers] == served
     for b, a in zip(before, after, strict=True):
         assert a["index_units"] == b["index_units"]
         assert a["in_flight"] == b["in_flight"] == 0
         assert a["queue_ms"] == pytest.approx(0.0, abs=1e-6)
     # Nothing was inserted: the same prompt is still uncached everywhere.
-    again = router.client.post("/explain", json={"text": "x" * 300}).json()
+    again = router.admin.post("/explain", json={"text": "x" * 300}).json()
     assert all(c["cached"] == 0 for c in again["candidates"])
 
 
@@ -114,7 +114,7 @@ def test_recorded_decision_has_outcome(
         worker.delay_s = 0.1
     resp = router.client.post("/generate", json={"text": "0123456789"})
     decision_id = resp.headers["X-KVRoute-Decision-Id"]
-    record = router.client.get(f"/explain/{decision_id}").json()
+    record = router.admin.get(f"/explain/{decision_id}").json()
     _check_schema(record, [w.url for w in two_workers])
     assert record["decision_id"] == decision_id
     assert record["chosen"] == resp.headers["X-KVRoute-Worker"]
@@ -140,7 +140,7 @@ def test_streamed_outcome_separates_ttft_from_latency(
     router = routers(worker_urls=[worker.url])
     with router.client.stream("POST", "/generate", json={"text": "hi", "stream": True}) as resp:
         resp.read()
-    record = router.client.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
+    record = router.admin.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
     outcome = record["outcome"]
     assert outcome["status"] == "ok"
     assert outcome["latency_ms"] >= 300.0
@@ -158,10 +158,10 @@ def test_outcome_is_null_while_in_flight(
         decision_id = resp.headers["X-KVRoute-Decision-Id"]
         with http_client(router.url) as other:
             assert other.get(f"/explain/{decision_id}").json()["outcome"] is None
-            assert other.get("/workers").json()["workers"][0]["in_flight"] == 1
+        assert router.control.get("/workers").json()["workers"][0]["in_flight"] == 1
         assert b"".join(chunks).endswith(b"data: [DONE]\n\n")
-    assert router.client.get(f"/explain/{decision_id}").json()["outcome"]["status"] == "ok"
-    assert router.client.get("/workers").json()["workers"][0]["in_flight"] == 0
+    assert router.admin.get(f"/explain/{decision_id}").json()["outcome"]["status"] == "ok"
+    assert router.control.get("/workers").json()["workers"][0]["in_flight"] == 0
 
 
 def test_ring_buffer_is_bounded(
@@ -173,7 +173,7 @@ def test_ring_buffer_is_bounded(
         for i in range(5)
     ]
     assert len(set(ids)) == 5
-    codes = [router.client.get(f"/explain/{i}").status_code for i in ids]
+    codes = [router.admin.get(f"/explain/{i}").status_code for i in ids]
     assert codes == [404, 404, 200, 200, 200]
 
 
@@ -192,12 +192,12 @@ def test_client_disconnect_mid_stream_closes_the_decision(
     deadline = time.monotonic() + 5
     outcome = None
     while outcome is None and time.monotonic() < deadline:
-        outcome = router.client.get(f"/explain/{decision_id}").json()["outcome"]
+        outcome = router.admin.get(f"/explain/{decision_id}").json()["outcome"]
         time.sleep(0.02)
     assert outcome is not None
     assert outcome["status"] == "client_disconnected"
     assert outcome["residual_target_ms"] is None
-    view = router.client.get("/workers").json()["workers"][0]
+    view = router.control.get("/workers").json()["workers"][0]
     assert view["in_flight"] == 0
-    explained = router.client.post("/explain", json={"text": "fresh"}).json()
+    explained = router.admin.post("/explain", json={"text": "fresh"}).json()
     assert explained["candidates"][0]["queue_ms"] == pytest.approx(0.0, abs=1e-6)

@@ -55,7 +55,7 @@ def test_one_slot_sends_a_worker_one_request_at_a_time(
     assert queue["waiting"] == 0
     assert queue["busy"] == {}
     assert queue["dispatched"] == 3
-    metrics = router.client.get("/metrics").text
+    metrics = router.control.get("/metrics").text
     assert "kvroute_queue_waiting 0.0" in metrics
     assert "kvroute_queue_wait_seconds_count 3.0" in metrics
 
@@ -203,7 +203,7 @@ def test_explain_of_a_held_request_names_the_queue(
     router = routers(worker_urls=[a.url, b.url], policy="lbgr", queue_slots=1)
     resp = router.client.post("/generate", json={"text": "hello there"})
     assert resp.status_code == 200
-    decision = router.client.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
+    decision = router.admin.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
     chosen = resp.headers["X-KVRoute-Worker"]
     other = next(c for c in decision["candidates"] if c["worker"] != chosen)
     assert other["eligible"] is False

@@ -56,13 +56,13 @@ def test_slow_worker_gets_less_traffic(
     assert counts[slow.url] < counts[fast.url]
     assert counts[slow.url] <= 15, counts
     if policy == "lbgr":  # ratio: the slow worker's latency is a larger share of the estimate
-        learned = router.client.get("/models").json()["models"]["champion"]["per_worker_learned"]
+        learned = router.control.get("/models").json()["models"]["champion"]["per_worker_learned"]
         assert learned[slow.url]["factor"] > 2 * learned[fast.url]["factor"]
         assert learned[fast.url]["factor"] < 1.0  # both are faster than the prior says
         return
     residuals = {
         c["worker"]: c["residual_ms"]
-        for c in router.client.post("/explain", json={"text": "z"}).json()["candidates"]
+        for c in router.admin.post("/explain", json={"text": "z"}).json()["candidates"]
     }
     assert residuals[slow.url] > residuals[fast.url] + 50
 
@@ -97,16 +97,16 @@ def test_shared_prefix_sticks_to_one_worker(
         for i in range(8)
     }
     assert len(chosen) == 1
-    explained = router.client.post("/explain", json={"text": system + "another"}).json()
+    explained = router.admin.post("/explain", json={"text": system + "another"}).json()
     owner = next(c for c in explained["candidates"] if c["worker"] in chosen)
     assert owner["cached"] >= len(system)
 
 
 def _explain_then_send(router: RouterServer, body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
-    dry = router.client.post("/explain", json=body).json()
+    dry = router.admin.post("/explain", json=body).json()
     resp = router.client.post("/generate", json=body)
     assert resp.status_code == 200
-    recorded = router.client.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
+    recorded = router.admin.get(f"/explain/{resp.headers['X-KVRoute-Decision-Id']}").json()
     assert resp.headers["X-KVRoute-Worker"] == recorded["chosen"]
     return dry, recorded
 

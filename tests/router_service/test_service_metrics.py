@@ -29,12 +29,12 @@ def test_documented_metrics_are_exposed_after_traffic(
     assert len(DOCUMENTED) >= 15
     a, b = workers("a"), workers("b")
     router = routers(worker_urls=[a.url, b.url], policy="lbgr")
-    router.client.post("/models/challenger", json={"spec": "linear"})
+    router.control.post("/models/challenger", json={"spec": "linear"})
     prompt = "metrics prompt " * 4
     for i in range(3):
         assert router.client.post("/generate", json={"text": prompt + str(i)}).status_code == 200
     router.client.post("/generate", json={"text": prompt + "3", "stream": True}).read()
-    resp = router.client.get("/metrics")
+    resp = router.control.get("/metrics")
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/plain")
     text = resp.text
@@ -85,6 +85,6 @@ def test_failed_requests_are_counted_by_status(
     worker.fail_status = 500
     router = routers(worker_urls=[worker.url], policy="round_robin")
     assert router.client.post("/generate", json={"text": "x"}).status_code == 500
-    samples = _samples(router.client.get("/metrics").text)
+    samples = _samples(router.control.get("/metrics").text)
     labels = (("policy", "round_robin"), ("status", "http_500"), ("worker", worker.url))
     assert samples[("kvroute_requests_total", labels)] == 1

@@ -23,7 +23,7 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 def _queue(router: RouterServer, body: dict[str, Any] | None = None) -> dict[str, float]:
     """Each worker's queue load as this replica reads it now (a dry run)."""
-    explained = router.client.post("/explain", json=body or {"text": "probe"}).json()
+    explained = router.admin.post("/explain", json=body or {"text": "probe"}).json()
     return {c["worker"]: c["queue_ms"] for c in explained["candidates"]}
 
 
@@ -70,7 +70,7 @@ def test_load_reserved_on_one_replica_is_seen_by_another(
         # And B routes around the load A put on w1.
         resp = replica_b.client.post("/generate", json={"text": "from b"})
         assert resp.headers["X-KVRoute-Worker"] == w2.url
-        views = {w["url"]: w for w in replica_b.client.get("/workers").json()["workers"]}
+        views = {w["url"]: w for w in replica_b.control.get("/workers").json()["workers"]}
         assert views[w1.url]["queue_ms"] > 50
         assert views[w1.url]["in_flight"] == 0  # in flight on replica A, not B
     finally:
@@ -101,7 +101,7 @@ def test_removed_worker_load_is_dropped_from_redis(
     assert resp.headers["X-KVRoute-Worker"] == a.url  # a tie: the first worker
     key = f"kvroute:{cluster_name}:load:{a.url}"
     assert redis_client.exists(key) == 1
-    assert router.client.delete("/workers", params={"url": a.url}).status_code == 200
+    assert router.control.delete("/workers", params={"url": a.url}).status_code == 200
     assert redis_client.exists(key) == 0
 
 
@@ -186,7 +186,7 @@ def test_redis_outage_falls_back_to_embedded_and_reconnects(
     assert health["store"]["outages"] == 1
     assert health["store"]["fallback_operations"] > 0
     assert router.client.get("/health").status_code == 200  # degraded still serves
-    metrics = router.client.get("/metrics").text
+    metrics = router.control.get("/metrics").text
     assert "kvroute_redis_connected 0.0" in metrics
     assert "kvroute_redis_fallbacks_total 0.0" not in metrics
 
@@ -201,7 +201,7 @@ def test_redis_outage_falls_back_to_embedded_and_reconnects(
         assert client.keys(f"kvroute:{cluster_name}:load:*")  # writing to Redis again
     finally:
         client.close()
-    assert "kvroute_redis_connected 1.0" in router.client.get("/metrics").text
+    assert "kvroute_redis_connected 1.0" in router.control.get("/metrics").text
 
 
 def test_router_starts_while_redis_is_down_and_connects_later(
@@ -228,7 +228,7 @@ def test_router_starts_while_redis_is_down_and_connects_later(
 
 
 def _metric(router: RouterServer, name: str) -> float:
-    found = re.search(rf"^{name} (\S+)$", router.client.get("/metrics").text, re.M)
+    found = re.search(rf"^{name} (\S+)$", router.control.get("/metrics").text, re.M)
     assert found, name
     return float(found.group(1))
 

@@ -208,16 +208,17 @@ def test_serve_usage_errors_exit_2(
 @pytest.fixture
 def serve_process(
     tmp_path: Path, workers: Callable[..., FakeWorker]
-) -> Iterator[tuple[subprocess.Popen[bytes], str, FakeWorker]]:
+) -> Iterator[tuple[subprocess.Popen[bytes], str, str, FakeWorker]]:
     """``kvroute serve`` as a real process: YAML for the workers, env for the token, flags
     for the port and policy."""
     worker = workers("w")
     path = tmp_path / "serve.yaml"
     path.write_text(yaml.safe_dump({"worker_urls": [worker.url], "policy": "random"}))
-    port = free_port()
+    port, control_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVROUTE_")}
     env["KVROUTE_ADMIN_TOKEN"] = ADMIN_TOKEN
     env["KVROUTE_POLICY"] = "round_robin"
+    env["KVROUTE_CONTROL_PORT"] = str(control_port)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -239,7 +240,7 @@ def serve_process(
         start_new_session=True,
     )
     try:
-        yield proc, f"http://127.0.0.1:{port}", worker
+        yield proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{control_port}", worker
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -250,9 +251,9 @@ def serve_process(
 
 @pytest.mark.slow
 def test_kvroute_serve_runs_the_router(
-    serve_process: tuple[subprocess.Popen[bytes], str, FakeWorker],
+    serve_process: tuple[subprocess.Popen[bytes], str, str, FakeWorker],
 ) -> None:
-    proc, url, worker = serve_process
+    proc, url, control_url, worker = serve_process
     with http_client(url, timeout_s=5) as client:
         deadline = time.monotonic() + 30
         while True:
@@ -266,13 +267,17 @@ def test_kvroute_serve_runs_the_router(
             time.sleep(0.1)
         health = client.get("/health").json()
         assert health["policy"] == "lbgr"  # the flag beat env and YAML
-        assert health["workers"].keys() == {worker.url}  # from YAML
+        assert health["workers"].keys() == {"w0"}  # from YAML; by label on the data port
         resp = client.post("/generate", json={"text": "hello"})
         assert resp.status_code == 200
-        assert resp.headers["X-KVRoute-Worker"] == worker.url
-        assert client.get("/workers").status_code == 401  # token from env
+        assert resp.headers["X-KVRoute-Worker"] == "w0"
         auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        assert client.get("/workers", headers=auth).status_code == 200
+        assert client.get("/workers", headers=auth).status_code == 404  # not on this port
+    with http_client(control_url, timeout_s=5) as control:
+        assert control.get("/workers").status_code == 401  # token from env
+        listed = control.get("/workers", headers=auth).json()["workers"]
+        assert [(w["url"], w["label"]) for w in listed] == [(worker.url, "w0")]
+        assert control.get("/health").json()["workers"].keys() == {worker.url}
     os.killpg(proc.pid, signal.SIGTERM)
     # uvicorn shuts down gracefully, then re-raises the signal it caught (uvicorn >= 0.29).
     assert proc.wait(15) in (0, -signal.SIGTERM)

@@ -74,5 +74,5 @@ def test_a_worker_url_without_a_port_means_the_schemes_and_the_message_says_so()
     assert normalize_worker_url("https://worker:8443") == "https://worker:8443"
     with pytest.raises(ValueError, match=r"http://host:port \(or https://; without a port, 80"):
         normalize_worker_url("worker:30000")
-    with pytest.raises(ValueError, match="needs a port in 1..65535"):
+    with pytest.raises(ValueError, match=r"needs a port in 1\.\.65535"):
         normalize_worker_url("http://worker:")

@@ -100,7 +100,7 @@ def test_load_sent_around_the_router_shows_in_its_view_and_in_routing(
         threading.Thread(target=_long_request, args=(busy.url, 3000, done), daemon=True).start()
 
     def seen() -> dict[str, Any]:
-        listed = router.client.get("/workers").json()["workers"]
+        listed = router.control.get("/workers").json()["workers"]
         view: dict[str, Any] = next(w for w in listed if w["url"] == busy.url)
         return view
 
@@ -113,7 +113,7 @@ def test_load_sent_around_the_router_shows_in_its_view_and_in_routing(
         "input_ids": list(range(5000, 5500)),
         "sampling_params": {"max_new_tokens": 500, "ignore_eos": True},
     }
-    explained = router.client.post("/explain", json=body).json()
+    explained = router.admin.post("/explain", json=body).json()
     lines = {c["worker"]: c for c in explained["candidates"]}
     assert explained["chosen"] == idle.url
     assert lines[busy.url]["queue_ms"] > lines[idle.url]["queue_ms"]
@@ -131,6 +131,6 @@ def test_a_worker_without_load_metrics_counts_as_nothing_beyond_the_router(
     w = workers("w")
     router = routers(worker_urls=[w.url], worker_metrics_s=0.05)
     assert router.client.post("/generate", json={"text": "hello"}).status_code == 200
-    listed = router.client.get("/workers").json()["workers"][0]
+    listed = router.control.get("/workers").json()["workers"][0]
     assert (listed["other_requests"], listed["other_kv_tokens"]) == (0.0, 0.0)
     assert router.client.get("/health").json()["status"] == "ok"

@@ -1,4 +1,4 @@
-"""``cache_aware``: SGLang's router policy, the paper's main baseline (DESIGN 3.1).
+"""``cache_aware``: SGLang's router policy, the paper's main baseline (docs/design.md).
 
 If the fleet is imbalanced (``max_load - min_load > balance_abs_threshold`` and
 ``max_load > balance_rel_threshold * min_load``, load = requests in flight) the least loaded

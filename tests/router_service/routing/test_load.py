@@ -1,4 +1,4 @@
-"""The embedded decayed-load store (DESIGN 3.2): 31/32 per 20 ms tick, lazy, floored release."""
+"""The embedded decayed-load store: 31/32 per 20 ms tick, lazy, floored release."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Routing policies: every branch of the DESIGN 3.1 rules, with hand-picked snapshots."""
+"""Routing policies: every branch of their rules (docs/design.md), with hand-picked snapshots."""
 
 from __future__ import annotations
 
