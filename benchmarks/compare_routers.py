@@ -1,4 +1,4 @@
-"""Our router against sglang-router on the same emulated SGLang workers (issue 5, "Benchmark").
+"""Our router against sglang-router on the same emulated SGLang workers.
 
 For one workload and one fleet, in a single run: ``kvroute serve`` with each policy
 (round_robin, power_of_two, cache_aware, lbgr, and lbgr_paper, the paper's LBGR) and the real
@@ -326,7 +326,7 @@ def add_ratios(rows: Sequence[dict[str, Any]]) -> None:
 
 
 def verdict(rows: Sequence[dict[str, Any]], ours_key: tuple[str, ...] = OURS) -> dict[str, Any]:
-    """The issue's target: ours' p50 <= 0.5x the baseline's, with a higher hit rate."""
+    """The target: ours' p50 <= 0.5x the baseline's, with a higher hit rate."""
     ours, base = _find(rows, ours_key), _find(rows, BASELINE)
     if ours is None or base is None:
         return {"ours": " ".join(ours_key), "baseline": " ".join(BASELINE), "met": None}

@@ -1,6 +1,6 @@
 """Routing decision time in process (no HTTP): lbgr and cache_aware, 16 workers.
 
-Issue 4's target: ``lbgr`` with 16 workers and 8k-character prompts with shared prefixes,
+The target: ``lbgr`` with 16 workers and 8k-character prompts with shared prefixes,
 p50 <= 200 us and p99 <= 1 ms per decision. A decision here is what the service does per
 request between reading the load store and sending: ``Router.decide`` (prefix-index match for
 all workers + policy) and ``Router.commit`` (index insert, in-flight and backlog counts),

@@ -1,4 +1,4 @@
-"""Index sync's CPU per event, against a real redis-server (issue 8).
+"""Index sync's CPU per event, against a real redis-server.
 
 Every replica pays per routing event twice: once to publish its own (encode, XADD) and once
 per other replica to apply it (XREAD, decode, insert into the prefix index). This measures

@@ -3,7 +3,7 @@
 With ``--queue-slots 1`` a worker runs one request at a time, and every hand-over (the
 response ends, the router frees the slot, picks the next request, sends it; the worker
 parses it) is time the worker sits idle. The simulator charges a fixed 5 ms per request for
-that; this benchmark measures it on the real path (issue 5: it is why the emulated fleet
+that; this benchmark measures it on the real path (it is why the emulated fleet
 trails the simulator with the queue on).
 
 Method: one emulated worker, a kvroute router with one slot freed at the end of a response,

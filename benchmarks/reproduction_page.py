@@ -63,7 +63,7 @@ def headline(rows: Sequence[dict[str, Any]], layout: dict[str, Any]) -> str:
         return f"{ours}; GSP with cache_aware's threshold at 0.51: {strict[key]}"
 
     lines = [
-        "| claim (DESIGN.md section 1) | paper | ours (simulated) |",
+        "| the paper's claim | paper | ours (simulated) |",
         "|---|---|---|",
         (
             f"| hit rate, rlt vs lru, one worker, GSP round_robin | up to {PAPER['hit']}x "
@@ -389,8 +389,8 @@ def render(
         (
             "Wu, Silwal, Zhang, *Randomization Boosts KV Caching, Learning Balances Query Load* "
             "(ICLR 2026, arXiv 2601.18999; code github.com/fzwark/KVRouting). Every figure "
-            "below is **simulated** (`sim/`, no GPU), next to the paper's numbers where DESIGN.md "
-            "section 1 gives them; everywhere else the paper's value is marked *not given here*.\n"
+            "below is **simulated** (`sim/`, no GPU), next to the paper's numbers where the paper "
+            "gives them; everywhere else the paper's value is marked *not given here*.\n"
         ),
         (
             f"Regenerate everything (tables, figures, this page) with "

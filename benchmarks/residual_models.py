@@ -1,5 +1,5 @@
 """Residual latency models under ``lbgr`` + ``rlt`` on fleets where the constant service
-estimate is wrong (issue 3, "Benchmark"), and what a model costs per routing decision.
+estimate is wrong, and what a model costs per routing decision.
 
 Latency. 4 workers, profile ``llama3.1-8b-l40``, GSP (128 groups x 32 prompts, random order):
 
@@ -130,7 +130,7 @@ def cluster_config(cell: Cell, workload: GSPWorkload) -> ClusterConfig:
 
 
 def run_cell(cell: Cell) -> dict[str, Any]:
-    """One simulation: the DESIGN 7 summary, the model's MAE and worker 0's share."""
+    """One simulation: the run's summary, the model's MAE and worker 0's share."""
     workload = _workload(cell.scenario.rate, cell.seed, cell.quick)
     config = cluster_config(cell, workload)
     started = time.perf_counter()

@@ -1,6 +1,6 @@
-"""How far can routing go? Policies next to two bounds on the paper's GSP setting (issue 5).
+"""How far can routing go? Policies next to two bounds on the paper's GSP setting.
 
-Issue 5 asks our ``lbgr`` + ``rlt`` for a p50 latency of at most half of sglang-router's
+The target asks our ``lbgr`` + ``rlt`` for a p50 latency of at most half of sglang-router's
 ``cache_aware`` + ``lru`` with a higher hit rate. This benchmark asks, in the simulator (the
 same routing core and service model as the emulated fleet, seeded, seconds per row), what
 any router could reach on that workload, by adding two rows no router can run:
@@ -18,7 +18,7 @@ any router could reach on that workload, by adding two rows no router can run:
 
 Rows (every one on the same seeded workloads; ``cache_aware`` is kvroute's implementation of
 the rule sglang-router 0.3.2 runs, with today's defaults or the paper's 0.4.6 flags):
-``cache_aware`` + ``lru`` (the issue's baseline), ``cache_aware`` (paper flags) + ``lru``,
+``cache_aware`` + ``lru`` (the target's baseline), ``cache_aware`` (paper flags) + ``lru``,
 ``lbgr`` + ``rlt`` (our default), ``lbgr`` + ``rlt`` with ``alpha`` 0.5, kvroute's hold
 queue (one request per worker in flight, the rest wait in the router and go where they are
 cached, shortest first: ``router_service.routing.hold_queue``) with ``rlt`` and ``lru``, the

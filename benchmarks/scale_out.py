@@ -1,6 +1,6 @@
 """Router scale-out: 1, 2 and 4 ``kvroute serve`` replicas behind one round-robin balancer.
 
-Issue 8's benchmark. Every row runs N router replicas (``lbgr``) sharing one real
+Every row runs N router replicas (``lbgr``) sharing one real
 redis-server (decayed load, the prefix-index stream, model snapshots) behind nginx
 (``worker_processes 1``, round robin, keep-alive to the replicas, no response buffering so SSE
 streams pass through), all on loopback. Each row starts fresh replicas in a fresh Redis

@@ -1,4 +1,4 @@
-"""Eviction cost inside SGLang: our ``rlt`` backend vs SGLang's built-in leaf-LRU (issue 6).
+"""Eviction cost inside SGLang: our ``rlt`` backend vs SGLang's built-in leaf-LRU.
 
 Run with the engine virtualenv (SGLang + torch on a CPU):
 ``.venv-engine/bin/python benchmarks/sglang_eviction.py``.

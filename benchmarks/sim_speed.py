@@ -1,4 +1,4 @@
-"""Simulator speed on one core: the paper's full GSP run (issue 2, "Speed"; target <= 60 s).
+"""Simulator speed on one core: the paper's full GSP run (target <= 60 s).
 
 4 workers, GSP 128 groups x 32 prompts in random order at 12 req/s, every prompt token
 simulated, for ``lbgr`` + ``rlt`` and ``cache_aware`` (paper preset) + ``lru``. One process,

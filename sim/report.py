@@ -1,4 +1,5 @@
-"""Summaries of a run in the JSON shape of DESIGN 7, and the markdown tables we print."""
+"""Summaries of a run in the JSON shape of docs/design.md (*The summary of sim
+and bench --json*), and the markdown tables we print."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def percentile_s(values_ms: Sequence[float], q: float) -> float | None:
 
 
 def summarize(run: SimRun, **extra: Any) -> dict[str, Any]:
-    """The DESIGN 7 keys, plus per-worker figures and ``extra`` (workload, seed, ...)."""
+    """The summary (docs/design.md): its keys, per-worker figures and ``extra`` (workload...)."""
     done = [r for r in run.records if r.finished_ms is not None]
     latencies = [r.latency_ms for r in done if r.latency_ms is not None]
     ttfts = [r.ttft_ms for r in done if r.ttft_ms is not None]

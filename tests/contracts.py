@@ -1,11 +1,11 @@
-"""The contracts of ``../shared/DESIGN.md`` that several test modules check, written down once
+"""The contracts of ``docs/design.md`` that several test modules check, written down once
 and independently of the code under test."""
 
 from __future__ import annotations
 
-# DESIGN 7: the keys of one run's ``--json`` summary (``kvroute sim``, ``kvroute bench``,
+# The keys of one run's ``--json`` summary (``kvroute sim``, ``kvroute bench``,
 # ``kvroute cluster``).
-DESIGN_7_KEYS = frozenset(
+SUMMARY_KEYS = frozenset(
     {
         "policy",
         "eviction",
@@ -23,7 +23,7 @@ DESIGN_7_KEYS = frozenset(
     }
 )
 
-# DESIGN 5: what ``/explain`` gives for every worker (``candidates[]``).
+# What ``/explain`` gives for every worker (``candidates[]``).
 EXPLAIN_CANDIDATE_KEYS = frozenset(
     {
         "worker",

@@ -1,4 +1,4 @@
-"""``kvroute sim``: usage errors exit 2, and ``--json`` prints the DESIGN 7 summary last."""
+"""``kvroute sim``: usage errors exit 2, and ``--json`` prints the run's summary last."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from contracts import DESIGN_7_KEYS
+from contracts import SUMMARY_KEYS
 
 from kvroute.cli import main
 
@@ -76,9 +76,9 @@ def test_no_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> N
     assert "usage: kvroute" in capsys.readouterr().err
 
 
-def test_json_last_line_has_the_design_7_keys(capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_last_line_has_the_summary_keys(capsys: pytest.CaptureFixture[str]) -> None:
     summary = run_json(capsys, "--policy", "cache_aware", "--eviction", "lru")
-    assert summary.keys() >= DESIGN_7_KEYS
+    assert summary.keys() >= SUMMARY_KEYS
     assert (summary["policy"], summary["eviction"], summary["workers"]) == ("cache_aware", "lru", 2)
     assert (summary["requests"], summary["completed"], summary["failed"]) == (16, 16, 0)
     assert 0.0 < summary["hit_rate"] < 1.0
@@ -123,7 +123,7 @@ def test_several_combinations_print_rows_and_parallel_jobs_agree(
         ("round_robin", "lru"),
         ("round_robin", "rlt"),
     ]
-    assert all(r.keys() >= DESIGN_7_KEYS for r in rows)
+    assert all(r.keys() >= SUMMARY_KEYS for r in rows)
     parallel = run_json(capsys, *combos, "--capacity-tokens", "400", "--jobs", "2")
     assert parallel == serial
 
@@ -139,7 +139,7 @@ def test_console_script_prints_json_last() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary.keys() >= DESIGN_7_KEYS
+    assert summary.keys() >= SUMMARY_KEYS
     assert (summary["policy"], summary["eviction"], summary["seed"]) == ("lbgr", "rlt", 3)
     assert summary["completed"] == 16
     assert "simulated 16 requests" in proc.stderr

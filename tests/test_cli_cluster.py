@@ -8,7 +8,7 @@ import socket
 from urllib.parse import urlsplit
 
 import pytest
-from contracts import DESIGN_7_KEYS
+from contracts import SUMMARY_KEYS
 
 from kvroute.cli import main
 
@@ -73,7 +73,7 @@ def test_cluster_prints_the_table_and_json_and_stops_every_process(
     rows = json.loads(out[-1])["rows"]
     assert len(rows) == 1
     row = rows[0]
-    assert set(row) >= DESIGN_7_KEYS
+    assert set(row) >= SUMMARY_KEYS
     assert (row["policy"], row["eviction"], row["workers"]) == ("lbgr", "lru", 2)
     assert (row["requests"], row["completed"], row["failed"]) == (12, 12, 0)
     assert 0.0 < row["hit_rate"] < 1.0  # groups share prefixes; lbgr follows them

@@ -70,7 +70,7 @@ def test_every_flag_has_a_help_line_that_gives_its_default(
     command: str, action: argparse.Action
 ) -> None:
     flag = action.option_strings[-1]
-    assert action.help and action.help.strip(), f"kvroute {command} {flag} has no help"
+    assert (action.help or "").strip(), f"kvroute {command} {flag} has no help"
     off = action.default is None or action.default is False
     if off and not action.required and not isinstance(action, argparse._StoreTrueAction):
         # argparse cannot show "nothing": the text must say what happens without the flag.

@@ -1,6 +1,6 @@
 """The cache's leaves as parallel arrays, so an eviction can read and trim them all at once.
 
-Both policies start an eviction from the set of unlocked leaves, and RLT (DESIGN 3.3) spreads
+Both policies start an eviction from the set of unlocked leaves, and RLT (docs/design.md) spreads
 a small eviction over nearly all of them: evicting 1k tokens from a 100k-token tree of
 ~260 leaves takes ~4 tokens off each. Doing that node by node (a Python loop that slices
 every leaf's key) costs far more than leaf-LRU, which drops ~4 whole leaves. The registry

@@ -1,6 +1,6 @@
 """Batched draw of RLT's per-token eviction: exact distribution, cost per leaf, not per token.
 
-The definition (DESIGN 3.3) evicts one page at a time from a leaf chosen uniformly among the
+The definition (docs/design.md) evicts one page at a time from a leaf chosen uniformly among the
 candidate leaves; a leaf that empties leaves the set and its parent may join. Drawing that
 literally costs one random draw per page. We draw the same distribution in continuous time
 (Poissonization): give every candidate leaf an independent rate-1 Poisson clock that starts

@@ -1,4 +1,5 @@
-"""RLT: the paper's randomized leaf-token eviction with marking phases (DESIGN 3.3).
+"""RLT: the paper's randomized leaf-token eviction with marking phases (docs/design.md, *RLT
+eviction*).
 
 A phase marks every node that an insert goes through, and with the cache's ``marking``
 ``"path"`` (the default) every node a match goes through; with ``"split"`` a match marks only
@@ -66,7 +67,7 @@ class RLTEviction:
         self.phase = 0
         self.marked_tokens = 0
         self.phases_started = 0
-        self.registry = cache.leaves  # the unlocked leaves are candidates (DESIGN 3.3)
+        self.registry = cache.leaves  # the unlocked leaves are candidates (docs/design.md)
         self.marks_match_path = cache.marking == "path"
 
     def reset(self) -> None:
@@ -108,7 +109,7 @@ class RLTEviction:
         self.phases_started += 1
 
     def evict(self, num_tokens: int) -> int:
-        """DESIGN 3.3's ``evict(n)`` on the cache's leaf registry: the candidates, the
+        """The definition's ``evict(n)`` on the cache's leaf registry: the candidates, the
         draw and the trims."""
         cache, registry = self.cache, self.registry
         page = cache.page_size
@@ -189,7 +190,7 @@ class RLTEviction:
         return freed
 
     def _start_phase_if_due(self, need_tokens: int) -> bool:
-        """DESIGN 3.3's first rule; True if gathering now would come up short anyway (the
+        """The definition's first rule; True if gathering now would come up short anyway (the
         candidates hold at most the unmarked tokens), so the caller starts a phase at once."""
         cache = self.cache
         if need_tokens + self.marked_tokens >= cache.capacity_tokens:

@@ -1,4 +1,4 @@
-"""The batched RLT sampler against the literal per-page definition (DESIGN 3.3).
+"""The batched RLT sampler against the literal per-page definition (docs/design.md).
 
 The literal loop is written here from the definition: ``need`` times, pick one candidate leaf
 uniformly at random and drop one page from it; a leaf that empties leaves the set and its

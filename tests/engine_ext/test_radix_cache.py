@@ -92,7 +92,7 @@ def check_state(m: Model) -> None:
 
 
 def rlt_expected_new_phases(cache: RadixCache, num_tokens: int) -> int:
-    """DESIGN 3.3: how many phases ``evict(num_tokens)`` must start."""
+    """RLT's definition: how many phases ``evict(num_tokens)`` must start."""
     rlt = cache.policy
     assert isinstance(rlt, RLTEviction)
     page = cache.page_size

@@ -1,4 +1,4 @@
-"""RLT eviction: marking phases exactly as DESIGN 3.3 says, and its per-token distribution."""
+"""RLT eviction: marking phases exactly as docs/design.md says, and its per-token distribution."""
 
 from __future__ import annotations
 

@@ -151,7 +151,7 @@ def _planted_pickle(marker: Path) -> bytes:
 
 
 def test_an_old_format_pickle_is_never_unpickled(tmp_path: Path) -> None:
-    """The attack of issue 37 F2: a pickle planted where a snapshot is read."""
+    """A replayed attack: a pickle planted where a snapshot is read."""
     marker = tmp_path / "pwned"
     planted = b"KVRM1" + b"\0" * 32 + _planted_pickle(marker)
     with pytest.raises(SnapshotError, match="old pickle format"):

@@ -1,4 +1,4 @@
-"""Token ids as prompt text (sim.text), and a router that sees that text (issue 31 item 1)."""
+"""Token ids as prompt text (sim.text), and a router that sees that text."""
 
 from __future__ import annotations
 
