@@ -1,8 +1,16 @@
-"""``kvroute cluster``: an emulated fleet behind the router, traffic, a table, an /explain.
+"""``kvroute cluster``: a fleet behind the router, in one command.
 
-Starts ``--workers`` emulated SGLang workers and a kvroute router (no GPU, no Redis), sends the
-workload once per ``--policy`` (each on freshly flushed workers), prints the results table
-and one ``/explain`` sample, and stops every process on exit or Ctrl-C.
+Emulated (the default): starts ``--workers`` emulated SGLang workers and a kvroute router (no
+GPU, no Redis), sends the workload once per ``--policy`` (each on freshly flushed workers),
+prints the results table and one ``/explain`` sample, and stops every process on exit or
+Ctrl-C.
+
+``--engine sglang`` (or ``vllm``): starts ``--workers`` real engine workers on this machine's
+CPU serving a tiny model made locally (SGLang with ``--radix-cache-backend rlt`` unless
+``--eviction lru``, metrics and cache reports on), then ``kvroute serve`` with the first
+``--policy`` in front of them, prints where to send requests, and serves until Ctrl-C, which
+stops every process. The engines come from ``scripts/real_engine_setup.sh`` (once, a few
+minutes; ``--vllm`` for vLLM); a start takes ~30-90 s on two cores.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ __all__ = ["add_parser"]
 
 
 def add_parser(sub: Any) -> None:
+    from kvroute.engine_launch import DEFAULT_MAX_TOTAL_TOKENS, ENGINES
     from kvroute.sim_command import _positive_float, _positive_int, add_workload_arguments
 
     p = sub.add_parser(
@@ -28,9 +37,21 @@ def add_parser(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--workers", type=_positive_int, default=4, help="emulated workers to start")
     p.add_argument(
-        "--eviction", choices=["lru", "rlt"], default="rlt", help="the workers' cache eviction"
+        "--engine",
+        choices=["emulated", *ENGINES],
+        default="emulated",
+        help="emulated workers (default), or real SGLang / vLLM workers on this CPU serving "
+        "a tiny model (scripts/real_engine_setup.sh installs them once); real engines serve "
+        "until Ctrl-C instead of running the workload",
+    )
+    p.add_argument("--workers", type=_positive_int, default=4, help="workers to start")
+    p.add_argument(
+        "--eviction",
+        choices=["lru", "rlt"],
+        default=None,
+        help="the workers' cache eviction (default rlt; real SGLang: --radix-cache-backend "
+        "rlt, or SGLang's own LRU with lru; vLLM keeps its own prefix cache: lru only)",
     )
     p.add_argument(
         "--policy",
@@ -43,7 +64,8 @@ def add_parser(sub: Any) -> None:
         "--capacity-tokens",
         type=_positive_int,
         default=None,
-        help="KV capacity per worker (default: the profile's)",
+        help="KV capacity per worker (default: the profile's; real SGLang: "
+        f"--max-total-tokens, default {DEFAULT_MAX_TOTAL_TOKENS})",
     )
     p.add_argument(
         "--profile",
@@ -83,6 +105,11 @@ def _explain_sample(router_url: str, prompt_ids: list[int], token: str) -> dict[
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.engine != "emulated":
+        from kvroute.cluster_engines import serve_engines
+
+        return serve_engines(args, parser)
+    args.eviction = args.eviction or "rlt"
     from engine_ext.cache.keys import key_to_ids
     from kvroute.sim_command import load_workload
     from sim.loadgen import BenchConfig, benchmark

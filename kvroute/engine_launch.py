@@ -30,6 +30,7 @@ from pathlib import Path
 from sim.local_cluster import LocalCluster, free_port, wait_healthy
 
 __all__ = [
+    "DEFAULT_MAX_TOTAL_TOKENS",
     "ENGINES",
     "SETUP_SCRIPT",
     "EngineCluster",
@@ -46,6 +47,7 @@ __all__ = [
 ENGINES = ("sglang", "vllm")
 SETUP_SCRIPT = "scripts/real_engine_setup.sh"
 SERVED_MODEL_NAME = "tiny-llama"
+DEFAULT_MAX_TOTAL_TOKENS = 20000  # SGLang's KV pool on a CPU (~20 MB for the tiny model)
 _CACHE = Path("~/.cache/kvroute")
 
 
@@ -63,7 +65,7 @@ class EngineSpec:
 
     engine: str = "sglang"
     radix_cache_backend: str | None = "rlt"
-    max_total_tokens: int = 20000
+    max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -202,6 +204,9 @@ class EngineCluster(LocalCluster):
         if self.log_dir is None:
             self.log_dir = tempfile.mkdtemp(prefix="kvroute-engines-")
 
+    def __enter__(self) -> EngineCluster:
+        return self
+
     def log_path(self, index: int) -> Path:
         return Path(self.log_dir or ".") / f"worker-{index}.log"
 
@@ -263,3 +268,6 @@ class EngineCluster(LocalCluster):
 
     def alive(self) -> list[bool]:
         return [proc.poll() is None for proc in self._workers]
+
+    def router_alive(self) -> bool:
+        return self._router is not None and self._router.poll() is None
