@@ -5,16 +5,24 @@ shown on the page with kvroute's own parser and calls the same ``run_one`` the C
 pasting a command into a shell reproduces its rows (the simulator is deterministic). Rows run
 on ``--jobs`` processes (default 2); each process builds a workload once and reuses it.
 
+Every row runs the paper's set-up (``PAPER``): prompts sent as text, so that the router
+matches characters as sgl-router 0.4.6 and the paper's LBGR did (``sim.text``), and RLT's
+matches marking only what they split, as the paper's code (``--rlt-marking split``); the
+paper's LBGR is ``lbgr_paper``.
+
 Parts:
-1. four workers, each workload x {random, round_robin, cache_aware, lbgr} x {lru, rlt}, with
-   the offline hit-rate ceiling (``sim.ceiling``); GSP also in its two other orders; the
-   headline pair (cache_aware+lru, lbgr+rlt) again with seeds 1 and 2;
-2. cache_aware's threshold sensitivity on GSP;
-3. one worker, the eviction study: capacity sweeps (0.25x..2x of the reusable working set and
+1. four workers, each workload x {random, round_robin, cache_aware, lbgr_paper} x {lru, rlt},
+   with the offline hit-rate ceiling (``sim.ceiling``); GSP also in its two other orders;
+2. bands: the headline pair (cache_aware+lru, lbgr_paper+rlt) over seeds 0-4 and the service
+   model's speed at 0.8x, 1x and 1.2x (``--worker-speeds``); GSP also with token matching;
+   the same rows with the whole-path marking rule (seeds 0-4), to see what marking changes;
+3. cache_aware's sensitivity on GSP (token matching, threshold 0.51, today's preset);
+4. one worker, the eviction study: capacity sweeps (0.25x..2x of the reusable working set and
    the paper-default capacity) for GSP round_robin and the cyclic worst case, lru and rlt
-   next to the offline upper bound and the ceiling;
-4. 1..10 workers on GSP: lbgr+rlt vs cache_aware+lru;
-5. the Mooncake trace's prefix structure (offline ceiling only).
+   next to the offline upper bound and the ceiling; GSP round_robin again at 0.95x..1.25x of
+   one round_robin pass (where LRU starts to hit), over the bands;
+5. 1..10 workers on GSP: the headline pair over the bands (throughput: do gains vanish?);
+6. the Mooncake trace's prefix structure (offline ceiling only).
 Writes REPRODUCTION.md, PNGs under docs/figures/ and the figures in results/reproduction.json;
 ``--from-json results/reproduction.json`` rewrites the page and figures from a finished run
 without simulating again (after editing the page's text; the page keeps that run's time).
@@ -47,14 +55,19 @@ DATA = REPO_ROOT.parent / "shared" / "data"
 SHAREGPT = DATA / "mlenergy_ShareGPT_V3_filtered_1000.json"
 LOOGLE = DATA / "loogle_longdep_qa.jsonl"
 MOONCAKE = DATA / "mooncake_synthetic_trace.jsonl"
-POLICIES = ("random", "round_robin", "cache_aware", "lbgr")
+POLICIES = ("random", "round_robin", "cache_aware", "lbgr_paper")
 EVICTIONS = ("lru", "rlt")
 SWEEP_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)
+# Capacities around one round_robin pass, where LRU goes from no hit to every hit.
+PASS_FACTORS = (0.95, 0.98, 0.99, 0.995, 1.0, 1.0025, 1.005, 1.01, 1.05, 1.1, 1.25)
 WORKER_COUNTS = tuple(range(1, 11))
 MAIN_TABLES = ("gsp", "sharegpt", "ultrachat", "loogle")
-SEEDS = ("1", "2")  # seed 0 is the main tables'
+SEEDS = (0, 1, 2, 3, 4)
+SPEEDS = (0.8, 1.0, 1.2)  # the service model's speed: how close to saturation the fleet runs
 BASELINE = ("cache_aware", "lru")
-OURS = ("lbgr", "rlt")
+OURS = ("lbgr_paper", "rlt")
+# The paper's set-up on every command: text prompts, the paper's marking rule.
+PAPER = ("--prompt-format", "text", "--rlt-marking", "split")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +112,25 @@ def run_task(task: Task) -> dict[str, Any]:
 # -- the plan --------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Scale:
-    """Workload sizes: the paper's (full) or a smoke-test cut (--quick)."""
+    """Workload sizes and bands: the paper's (full) or a smoke-test cut (--quick)."""
 
     quick: bool
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return (0, 1) if self.quick else SEEDS
+
+    @property
+    def speeds(self) -> tuple[float, ...]:
+        return (1.0,) if self.quick else SPEEDS
+
+    @property
+    def pass_factors(self) -> tuple[float, ...]:
+        return (0.99, 1.0, 1.01) if self.quick else PASS_FACTORS
+
+    @property
+    def worker_counts(self) -> tuple[int, ...]:
+        return (1, 4, 6) if self.quick else WORKER_COUNTS
 
     def gsp(self, order: str) -> tuple[str, ...]:
         size = ("--gsp-groups", "32", "--gsp-prompts-per-group", "8") if self.quick else ()
@@ -132,6 +161,23 @@ class Scale:
         )
 
 
+def fleet(
+    workers: int | str, speed: float | str = 1.0, prompt: str = "text", marking: str = "split"
+) -> tuple[str, ...]:
+    """Fleet flags: workers, the service model's speed (``--worker-speeds``, none at 1), what
+    the client sends and RLT's marking rule; a str is a placeholder in the commands shown."""
+    flags = ["--workers", str(workers)]
+    if isinstance(speed, str):
+        flags += ["--worker-speeds", f"{speed},...,{speed}"]
+    elif speed != 1.0:
+        flags += ["--worker-speeds", ",".join([f"{speed:g}"] * int(workers))]
+    return (*flags, "--prompt-format", prompt, "--rlt-marking", marking)
+
+
+def seeded(argv: tuple[str, ...], seed: int | str) -> tuple[str, ...]:
+    return argv if seed == 0 else (*argv, "--seed", str(seed))
+
+
 def available(path: Path) -> Path | None:
     """The data file as the commands name it (relative to the project root), if present."""
     return Path(os.path.relpath(path, REPO_ROOT)) if path.is_file() else None
@@ -158,69 +204,193 @@ def fleet_tables(scale: Scale) -> dict[str, dict[str, Any]]:
 
 def plan(scale: Scale) -> tuple[list[Task], dict[str, Any]]:
     tasks: list[Task] = []
-    layout: dict[str, Any] = {"fleet": {}, "sweeps": {}}
-    fleet4 = ("--workers", "4")
+    layout: dict[str, Any] = {"fleet": {}, "sweeps": {}, "seeds": scale.seeds}
+    layout["speeds"] = scale.speeds
     for key, table in fleet_tables(scale).items():
-        tasks += [Task(key, table["workload"], fleet4, p, e) for p in POLICIES for e in EVICTIONS]
+        tasks += [Task(key, table["workload"], fleet(4), p, e) for p in POLICIES for e in EVICTIONS]
         layout["fleet"][key] = {
             **table,
-            "command": command(table["workload"], fleet4, " ".join(POLICIES), " ".join(EVICTIONS))
+            "command": command(table["workload"], fleet(4), " ".join(POLICIES), " ".join(EVICTIONS))
             + " --ceiling",
         }
-    layout["seeds"] = {}
+    tasks += plan_bands(scale, layout)
+    tasks += plan_sensitivity(scale, layout)
+    tasks += plan_sweeps(scale, layout)
+    tasks += plan_workers(scale, layout)
+    # Longest first, so the two processes finish together.
+    tasks.sort(key=lambda t: (t.table.startswith("pass"), t.policy != "lbgr_paper"))
+    return tasks, layout
+
+
+def pair_command(argv: tuple[str, ...], fleet_argv: tuple[str, ...]) -> str:
+    return " ; ".join(command(argv, fleet_argv, p, e) for p, e in (BASELINE, OURS))
+
+
+def plan_bands(scale: Scale, layout: dict[str, Any]) -> list[Task]:
+    """Part 2: the headline pair over seeds x speeds (GSP also with token matching), and the
+    rlt side again with the whole-path marking rule (speed 1)."""
+    tasks: list[Task] = []
+    layout["bands"], layout["marking"] = {}, {}
+    variants = [(key, key, "text") for key in MAIN_TABLES] + [("gsp_ids", "gsp", "ids")]
+    for band, key, prompt in variants:
+        argv = layout["fleet"][key]["workload"]
+        for seed in scale.seeds:
+            for speed in scale.speeds:
+                extra = (("seed", seed), ("speed", speed))
+                fleet_argv = fleet(4, speed, prompt)
+                tasks += [
+                    Task(f"band:{band}", seeded(argv, seed), fleet_argv, p, e, extra)
+                    for p, e in (BASELINE, OURS)
+                ]
+        layout["bands"][band] = pair_command(seeded(argv, "S"), fleet(4, "X", prompt))
     for key in MAIN_TABLES:
         argv = layout["fleet"][key]["workload"]
-        for seed in SEEDS:
-            seeded = (*argv, "--seed", seed)
-            tasks += [
-                Task(f"seed:{key}", seeded, fleet4, p, e, (("seed", int(seed)),))
-                for p, e in (BASELINE, OURS)
-            ]
-        layout["seeds"][key] = " ; ".join(
-            command((*argv, "--seed", "S"), fleet4, p, e) for p, e in (BASELINE, OURS)
-        )
+        path = fleet(4, marking="path")
+        tasks += [
+            Task(f"marking:{key}", seeded(argv, seed), path, *OURS, (("seed", seed),))
+            for seed in scale.seeds
+        ]
+        layout["marking"][key] = command(seeded(argv, "S"), path, *OURS)
+    return tasks
+
+
+def plan_sensitivity(scale: Scale, layout: dict[str, Any]) -> list[Task]:
+    """Part 3: cache_aware on GSP, matched on tokens, at threshold 0.51, today's preset."""
     gsp = scale.gsp("random")
     variants = {
-        "threshold 0.51": ("--cache-threshold", "0.51"),
-        "sglang preset (0.3 / 64 / 1.5)": ("--cache-aware-preset", "sglang"),
+        "paper preset, token matching (ids)": (
+            fleet(4, prompt="ids"),
+            ("cache_aware", "lbgr_paper"),
+        ),
+        "threshold 0.51": ((*fleet(4), "--cache-threshold", "0.51"), ("cache_aware",)),
+        "sglang preset (0.3 / 64 / 1.5)": (
+            (*fleet(4), "--cache-aware-preset", "sglang"),
+            ("cache_aware",),
+        ),
     }
+    tasks: list[Task] = []
     layout["sensitivity"] = {}
-    for label, flags in variants.items():
-        fleet = (*fleet4, *flags)
+    for label, (flags, policies) in variants.items():
         tasks += [
-            Task("sensitivity", gsp, fleet, "cache_aware", e, (("variant", label),))
+            Task("sensitivity", gsp, flags, p, e, (("variant", label),))
+            for p in policies
             for e in EVICTIONS
         ]
-        layout["sensitivity"][label] = command(gsp, fleet, "cache_aware", "lru rlt")
+        layout["sensitivity"][label] = command(gsp, flags, " ".join(policies), "lru rlt")
+    return tasks
+
+
+def plan_sweeps(scale: Scale, layout: dict[str, Any]) -> list[Task]:
+    """Part 4: one worker, capacity sweeps; GSP round_robin around one pass, over the bands."""
+    tasks: list[Task] = []
+    default = get_profile(PROFILE).kv_capacity_tokens
     for key, argv in (("gsp_round_robin", scale.gsp("round_robin")), ("cyclic", scale.cyclic())):
         working_set = reusable(argv)
-        default = get_profile(PROFILE).kv_capacity_tokens
         points = sorted({*(round(f * working_set) for f in SWEEP_FACTORS), default})
         for capacity in points:
-            fleet = ("--workers", "1", "--capacity-tokens", str(capacity))
+            fleet_argv = ("--workers", "1", "--capacity-tokens", str(capacity), *fleet(1)[2:])
             extra = (
                 ("capacity_factor", capacity / working_set),
                 ("paper_default", capacity == default),
             )
-            tasks += [Task(f"sweep:{key}", argv, fleet, "round_robin", e, extra) for e in EVICTIONS]
+            tasks += [
+                Task(f"sweep:{key}", argv, fleet_argv, "round_robin", e, extra) for e in EVICTIONS
+            ]
         layout["sweeps"][key] = {
             "workload": argv,
             "working_set": working_set,
             "cycle_tokens": first_pass_tokens(argv),
             "capacities": points,
             "command": command(
-                argv, ("--workers", "1", "--capacity-tokens", "C"), "round_robin", "lru rlt"
+                argv,
+                ("--workers", "1", "--capacity-tokens", "C", *fleet(1)[2:]),
+                "round_robin",
+                "lru rlt",
             )
             + " --ceiling",
         }
-    for n in WORKER_COUNTS:
-        tasks += [Task("workers", gsp, ("--workers", str(n)), p, e) for p, e in (BASELINE, OURS)]
-    layout["workers"] = {
-        "command": " ; ".join(command(gsp, ("--workers", "N"), p, e) for p, e in (BASELINE, OURS))
+    tasks += plan_pass(scale, layout)
+    cyclic = scale.cyclic()
+    for seed in scale.seeds:
+        for speed in scale.speeds:
+            flags = ("--workers", "1", "--capacity-tokens", str(default), *fleet(1, speed)[2:])
+            extra = (("seed", seed), ("speed", speed))
+            tasks += [
+                Task("cyclic_band", seeded(cyclic, seed), flags, "round_robin", e, extra)
+                for e in EVICTIONS
+            ]
+    layout["cyclic_band"] = command(
+        seeded(cyclic, "S"),
+        ("--workers", "1", "--capacity-tokens", str(default), *fleet(1, "X")[2:]),
+        "round_robin",
+        "lru rlt",
+    )
+    return tasks
+
+
+def plan_pass(scale: Scale, layout: dict[str, Any]) -> list[Task]:
+    """GSP round_robin, one worker, at 0.95x..1.25x of each seed's round_robin pass."""
+    tasks: list[Task] = []
+    argv = scale.gsp("round_robin")
+    passes = {seed: first_pass_tokens(seeded(argv, seed)) for seed in scale.seeds}
+    for seed, one_pass in passes.items():
+        for factor in scale.pass_factors:
+            capacity = str(round(factor * one_pass))
+            extra = (("seed", seed), ("pass_factor", factor), ("pass_tokens", one_pass))
+            for speed in scale.speeds:
+                flags = ("--workers", "1", "--capacity-tokens", capacity, *fleet(1, speed)[2:])
+                tasks += [
+                    Task(
+                        "pass",
+                        seeded(argv, seed),
+                        flags,
+                        "round_robin",
+                        e,
+                        (*extra, ("speed", speed)),
+                    )
+                    for e in EVICTIONS
+                ]
+            if factor in (0.99, 1.0):  # the rlt side with the whole-path marking rule
+                flags = (
+                    "--workers",
+                    "1",
+                    "--capacity-tokens",
+                    capacity,
+                    *fleet(1, marking="path")[2:],
+                )
+                tasks.append(
+                    Task("pass_marking", seeded(argv, seed), flags, "round_robin", "rlt", extra)
+                )
+    layout["pass"] = {
+        "passes": passes,
+        "factors": scale.pass_factors,
+        "command": command(
+            seeded(argv, "S"),
+            ("--workers", "1", "--capacity-tokens", "F x PASS", *fleet(1, "X")[2:]),
+            "round_robin",
+            "lru rlt",
+        ),
     }
-    # Longest first, so the two processes finish together.
-    tasks.sort(key=lambda t: (t.policy != "lbgr", t.table.startswith("sweep")))
-    return tasks, layout
+    return tasks
+
+
+def plan_workers(scale: Scale, layout: dict[str, Any]) -> list[Task]:
+    """Part 5: 1..10 workers on GSP, the headline pair over the bands."""
+    gsp = scale.gsp("random")
+    tasks: list[Task] = []
+    for n in scale.worker_counts:
+        for seed in scale.seeds:
+            for speed in scale.speeds:
+                extra = (("seed", seed), ("speed", speed))
+                tasks += [
+                    Task("workers", seeded(gsp, seed), fleet(n, speed), p, e, extra)
+                    for p, e in (BASELINE, OURS)
+                ]
+    layout["workers"] = {
+        "counts": scale.worker_counts,
+        "command": pair_command(seeded(gsp, "S"), fleet("N", "X")),
+    }
+    return tasks
 
 
 def reusable(argv: tuple[str, ...]) -> int:
@@ -303,8 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim_s = time.perf_counter() - started
     limits(layout)
     layout["trace"] = trace_limits(args.quick)
-    figures = publish(rows, layout, args, None)
-    wall_s = time.perf_counter() - started  # everything but writing the page itself
+    wall_s = time.perf_counter() - started  # simulations and offline limits
     meta = metadata()
     timing = {
         "wall_s": round(wall_s, 1),
@@ -315,8 +484,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "commit": meta["git_commit"],
         "dirty": meta["git_dirty"],
     }
-    publish(rows, layout, args, timing, figures)
+    # The figures first, so a page that fails to render can be redone with --from-json.
     write_json(args.out, NAME, {"quick": args.quick, **timing, "layout": layout, "rows": rows})
+    figures = publish(rows, layout, args, timing)
     print(f"{len(tasks)} simulations in {sim_s:.1f} s; everything in {wall_s:.1f} s")
     print(f"wrote {args.page}, {len(figures)} figures under {args.figures}, {args.out}")
     return 0

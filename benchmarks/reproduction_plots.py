@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 MAIN_TABLES = ("gsp", "sharegpt", "ultrachat", "loogle")
-POLICIES = ("random", "round_robin", "cache_aware", "lbgr")
+POLICIES = ("random", "round_robin", "cache_aware", "lbgr_paper")
 COLORS = {"lru": "#d95f02", "rlt": "#1b9e77"}
 DPI = 90
 
@@ -107,31 +107,69 @@ def sweeps(rows: Sequence[dict[str, Any]], layout: dict[str, Any], path: Path) -
     plt.close(fig)
 
 
+def _spread(values: Sequence[float]) -> tuple[float, float, float]:
+    return float(np.median(values)), float(min(values)), float(max(values))
+
+
 def workers(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """Median and range over seeds x speeds of p50 latency and throughput, per fleet size."""
     plt = _plt()
     sub = _rows(rows, "workers")
-    fig, (lat, hit) = plt.subplots(1, 2, figsize=(12, 3.8))
-    for (policy, ev), color in ((("cache_aware", "lru"), "#d95f02"), (("lbgr", "rlt"), "#1b9e77")):
-        line = sorted(
-            (r for r in sub if r["policy"] == policy and r["eviction"] == ev),
-            key=lambda r: r["workers"],
-        )
-        n = [r["workers"] for r in line]
-        lat.plot(
-            n, [r["p50_latency_s"] for r in line], "o-", color=color, label=f"{policy}+{ev} p50"
-        )
-        lat.plot(
-            n, [r["p95_latency_s"] for r in line], "^:", color=color, label=f"{policy}+{ev} p95"
-        )
-        hit.plot(n, [r["hit_rate"] for r in line], "o-", color=color, label=f"{policy}+{ev}")
+    counts = sorted({r["workers"] for r in sub})
+    fig, (lat, rps) = plt.subplots(1, 2, figsize=(12, 3.8))
+    pairs = ((("cache_aware", "lru"), "#d95f02"), (("lbgr_paper", "rlt"), "#1b9e77"))
+    for (policy, ev), color in pairs:
+        for ax, key in ((lat, "p50_latency_s"), (rps, "throughput_rps")):
+            spread = [
+                _spread(
+                    [
+                        r[key]
+                        for r in sub
+                        if r["workers"] == n and r["policy"] == policy and r["eviction"] == ev
+                    ]
+                )
+                for n in counts
+            ]
+            mid, lo, hi = zip(*spread, strict=True)
+            ax.plot(counts, mid, "o-", color=color, label=f"{policy}+{ev} (median)")
+            ax.fill_between(counts, lo, hi, color=color, alpha=0.2)
     lat.set_yscale("log")
-    lat.set_ylabel("end-to-end latency (s)")
-    hit.set_ylabel("cluster hit rate")
-    for ax in (lat, hit):
+    lat.set_ylabel("p50 end-to-end latency (s)")
+    rps.set_ylabel("throughput (completed req/s)")
+    for ax in (lat, rps):
         ax.set_xlabel("workers")
-        ax.set_xticks(range(1, 11))
+        ax.set_xticks(counts)
         ax.legend(fontsize=7)
-    fig.suptitle("GSP, random order, 12 req/s: more workers (simulated)", fontsize=10)
+    fig.suptitle(
+        "GSP, random order, 12 req/s: more workers (simulated; band: seeds x speeds)", fontsize=10
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def around_one_pass(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """One worker, GSP round_robin, capacities around one pass: hit rates and throughput."""
+    plt = _plt()
+    sub = _rows(rows, "pass")
+    factors = sorted({r["pass_factor"] for r in sub})
+    fig, (hit, rps) = plt.subplots(1, 2, figsize=(12, 3.8))
+    for ev in ("lru", "rlt"):
+        for ax, key in ((hit, "hit_rate"), (rps, "throughput_rps")):
+            spread = [
+                _spread([r[key] for r in sub if r["pass_factor"] == f and r["eviction"] == ev])
+                for f in factors
+            ]
+            mid, lo, hi = zip(*spread, strict=True)
+            ax.plot(factors, mid, "o-", color=COLORS[ev], label=f"{ev} (median)")
+            ax.fill_between(factors, lo, hi, color=COLORS[ev], alpha=0.2)
+    hit.set_ylabel("hit rate (one worker)")
+    rps.set_ylabel("throughput (completed req/s)")
+    for ax in (hit, rps):
+        ax.set_xlabel("capacity / tokens of one round_robin pass")
+        ax.set_xscale("log")
+        ax.legend(fontsize=7)
+    fig.suptitle("GSP round_robin, one worker, 12 req/s (band: seeds x speeds)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -147,11 +185,13 @@ def plot_all(
         "hit": folder / "reproduction_fleet_hit_rate.png",
         "sweep": folder / "reproduction_eviction_sweep.png",
         "workers": folder / "reproduction_workers.png",
+        "pass": folder / "reproduction_one_pass.png",
     }
     fleet_bars(rows, layout, paths["latency"], hit=False)
     fleet_bars(rows, layout, paths["hit"], hit=True)
     sweeps(rows, layout, paths["sweep"])
     workers(rows, paths["workers"])
+    around_one_pass(rows, paths["pass"])
     out = {}
     for name, path in paths.items():
         try:
