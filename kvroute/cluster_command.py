@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import secrets
 import sys
 import time
 import urllib.request
@@ -96,7 +95,6 @@ def _explain_sample(router_url: str, prompt_ids: list[int], token: str) -> dict[
         router_url + "/explain",
         data=body.encode(),
         method="POST",
-        # With the admin token /explain shows every worker's figures (docs/explain.md).
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
     )
     with urllib.request.urlopen(req, timeout=10) as resp:  # loopback
@@ -118,7 +116,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     workload = list(load_workload(args, parser))
     rows: list[dict[str, Any]] = []
-    token = secrets.token_hex(16)  # this run's routers' admin token, never shown
     explain: dict[str, Any] = {}
     with LocalCluster(
         workers=args.workers,
@@ -138,7 +135,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"workers ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
         for policy in args.policy:
             cluster.flush()
-            url = cluster.start_router("kvroute", policy, extra=["--admin-token", token])
+            url = cluster.start_router("kvroute", policy)
             cluster.warm_up()
             print(
                 f"{policy}: {len(workload)} requests at {args.rate:g} req/s "
@@ -153,7 +150,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             )
             rows.append(summary)
             if policy == args.policy[0]:
-                explain = _explain_sample(url, key_to_ids(workload[0].prompt), token)
+                # With the cluster's admin token /explain shows every worker's figures.
+                explain = _explain_sample(url, key_to_ids(workload[0].prompt), cluster.admin_token)
     print(markdown_table(rows))
     print(f"\n/explain for the first prompt of the workload, after the run ({args.policy[0]}):")
     from kvroute.explain_table import format_decision
