@@ -13,6 +13,13 @@ that, so whoever feeds the events (``event_stream``) clears a worker's set whene
 may have been lost and cannot be replayed; the set then grows again from the next event.
 A subset under-predicts the cache; it never over-predicts it.
 
+Events tell what a worker stored, not what it is about to store: a request routed a moment
+ago is still queued or prefilling, and the next one with the same prefix would find nothing.
+So the router also counts the pages of its own requests in flight on each worker (``open``
+when it sends one, ``close`` when it ends, as SGLang's router and Dynamo's keep their active
+sequences): a worker holds a page for matching if its events stored it or a request in flight
+there carries it.
+
 Whether a worker's events can be trusted now is its ``status``: ``connecting`` (no event
 yet since its stream (re)started), ``live``, ``disconnected`` (the feed says so), or
 ``stale``: the router sent the worker a request that had to store at least a page and no
@@ -89,6 +96,11 @@ class BlockSets:
         self._hashed: OrderedDict[tuple[str, int], tuple[list[int], Iterator[int] | None]] = (
             OrderedDict()
         )
+        # Pages of the router's requests in flight: hash -> bitmask of workers, the count per
+        # (slot, hash), and each open request's (slot, hashes).
+        self.pending: dict[int, int] = {}
+        self._pending_counts: dict[tuple[int, int], int] = {}
+        self._open: dict[str, tuple[int, list[int]]] = {}
 
     def __contains__(self, url: str) -> bool:
         return url in self.workers
@@ -106,7 +118,45 @@ class BlockSets:
         """Forget ``url`` and its blocks (it left the fleet)."""
         if url in self.workers:
             self.clear(url, "removed")
+            slot = self.workers[url].slot
+            for request_id in [r for r, (s, _) in self._open.items() if s == slot]:
+                self.close(request_id)
             del self.workers[url]
+
+    # -- the router's own requests in flight -------------------------------------------------
+    def open(self, request_id: str, url: str, key: str | Sequence[int]) -> None:
+        """``url`` was sent the token sequence ``key``: its pages count as held there until
+        ``close`` (the worker stores them when it prefills)."""
+        worker = self.workers.get(url)
+        if worker is None or worker.page_size is None or request_id in self._open:
+            return
+        hashes = list(self._hashes(request_id, key, worker.page_size))
+        slot, bit = worker.slot, 1 << worker.slot
+        counts, pending = self._pending_counts, self.pending
+        for block in hashes:
+            count = counts.get((slot, block), 0)
+            if not count:
+                pending[block] = pending.get(block, 0) | bit
+            counts[(slot, block)] = count + 1
+        self._open[request_id] = (slot, hashes)
+
+    def close(self, request_id: str) -> None:
+        """The request ended: its pages are held if the worker's events say so."""
+        entry = self._open.pop(request_id, None)
+        if entry is None:
+            return
+        slot, hashes = entry
+        counts, pending = self._pending_counts, self.pending
+        for block in hashes:
+            count = counts.pop((slot, block), 0) - 1
+            if count > 0:
+                counts[(slot, block)] = count
+                continue
+            left = pending.get(block, 0) & ~(1 << slot)
+            if left:
+                pending[block] = left
+            else:
+                pending.pop(block, None)
 
     # -- events ----------------------------------------------------------------------------
     def apply(self, url: str, batch: EventBatch, now_ms: float) -> None:
@@ -204,9 +254,11 @@ class BlockSets:
         worker = self.workers.get(url)
         if worker is None:
             return "no event stream"
-        if worker.status == "live":
-            return None
-        return f"events {worker.status}" + (f": {worker.reason}" if worker.reason else "")
+        if worker.status != "live":
+            return f"events {worker.status}" + (f": {worker.reason}" if worker.reason else "")
+        if worker.page_size is None:  # pages cannot be hashed before a store names their size
+            return "events live, no page stored yet (page size unknown)"
+        return None
 
     # -- matching --------------------------------------------------------------------------
     def match(
@@ -222,10 +274,8 @@ class BlockSets:
             if worker is None:
                 continue
             why = self.fallback(url)
-            if why is not None:
-                reasons[url] = why
-            elif worker.page_size is None:  # live, nothing stored yet: nothing cached
-                matched[url] = 0
+            if why is not None or worker.page_size is None:
+                reasons[url] = why or "no page size"
             else:
                 groups.setdefault(worker.page_size, []).append((url, worker.slot))
         for page, members in groups.items():
@@ -239,10 +289,10 @@ class BlockSets:
         for _, slot in members:
             live |= 1 << slot
         depth = {}  # slot -> pages matched
-        holders = self.holders
+        holders, pending = self.holders, self.pending
         pages = 0
         for block in self._hashes(request_id, key, page):
-            held = holders.get(block, 0) & live
+            held = (holders.get(block, 0) | pending.get(block, 0)) & live
             lost = live & ~held
             if lost:
                 for _, slot in members:

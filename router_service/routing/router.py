@@ -175,8 +175,10 @@ class Router:
         chosen = decision.chosen
         uncached = request.units - self.cached_for(request, chosen)
         if self.blocks is not None and request.tokens:
-            # It must store pages if it prefills one or more: its events are due.
+            # It must store pages if it prefills one or more: its events are due. Until it
+            # ends, its pages count as the worker's (it stores them as it prefills).
             self.blocks.expect(chosen, uncached, now_ms)
+            self.blocks.open(decision.decision_id, chosen, request.key)
         self.policy.commit(decision)
         self.index.insert(self.index_key(request), chosen, now_ms)
         self.ledger.open(
@@ -202,6 +204,8 @@ class Router:
 
     def complete(self, decision: Decision, outcome: Outcome) -> Learned | None:
         """Close a routed request; a learning policy trains on its outcome."""
+        if self.blocks is not None:
+            self.blocks.close(decision.decision_id)
         if decision.decision_id in self._orphans:  # its worker is gone: nothing to update
             self._orphans.discard(decision.decision_id)
             return None
