@@ -13,9 +13,8 @@ controls, ``{% generation %}`` blocks).
 
 Token ids then drive both the approximate index and the block hashes of the workers' KV
 events. A prompt longer than ``inline_chars`` is encoded on a worker thread
-(``encode_batch`` releases the GIL), so a 32k-token prompt never holds the event loop;
-shorter ones cost less inline than the hand-over would (``benchmarks/kv_events.py``
-measures both).
+(``encode_batch`` releases the GIL), so a long prompt never holds the event loop; shorter
+ones cost less inline than the hand-over would (``benchmarks/kv_events.py`` measures both).
 """
 
 from __future__ import annotations
@@ -39,8 +38,9 @@ from router_service.routing import RouteRequest
 
 __all__ = ["INLINE_CHARS", "PromptTokenizer", "TokenizerError", "load_tokenizer", "tokenized"]
 
-# Prompts up to this many characters are tokenized on the event loop (~250 us at most with a
-# Llama-sized vocabulary, benchmarks/kv_events.py); longer ones on a worker thread.
+# Prompts up to this many characters (~250 tokens) are tokenized on the event loop, longer ones
+# on a worker thread: a 1k-token prompt holds the loop for milliseconds, a 32k-token one for
+# hundreds (benchmarks/kv_events.py), while the hand-over costs tens of microseconds.
 INLINE_CHARS = 8_000
 
 
