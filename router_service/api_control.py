@@ -137,12 +137,13 @@ async def add_worker(body: WorkerBody, request: Request) -> JSONResponse:
         url = normalize_worker_url(body.url)
     except ValueError as exc:
         raise ServiceError(400, f"url: {exc}", field="url") from None
-    if not state.settings.worker_allowed(url):
+    if not state.settings.worker_allowed(url, state.own_ports()):
         raise ServiceError(
             403,
             f"url: {url} is not on the worker allow-list; allow its network with "
-            "--allowed-worker-networks (KVROUTE_ALLOWED_WORKER_NETWORKS) or its host name "
-            "with --allowed-worker-hosts",
+            "KVROUTE_ALLOWED_WORKER_NETWORKS or its host name with "
+            "KVROUTE_ALLOWED_WORKER_HOSTS (the router's own ports, Redis's and well-known "
+            "non-HTTP service ports are refused unless listed in KVROUTE_WORKER_URLS)",
             field="url",
             error_type="forbidden",
         )

@@ -183,8 +183,9 @@ def _shown(request: Request, record: dict[str, Any]) -> dict[str, Any]:
 )
 async def health(request: Request) -> JSONResponse:
     """200 while at least one worker can take a request (healthy, its circuit not open) and
-    the router is not draining, else 503; ``degraded`` when a circuit is open or the load
-    store runs on its fallback. Says how the load store runs."""
+    the router is not draining, else 503; ``degraded`` when a circuit is open, the load store
+    runs on its fallback, or index sync is restarting after an error. Says how the load
+    store and index sync run."""
     state = _state(request)
     snap = state.snapshot()
     name = (lambda u: u) if state.on_control_port(request.scope) else state.public
@@ -204,7 +205,11 @@ async def health(request: Request) -> JSONResponse:
         status = "draining"
     elif not routable:
         status = "unavailable"
-    elif store.get("mode") == "embedded-fallback" or len(routable) < len(healthy):
+    elif (
+        store.get("mode") == "embedded-fallback"
+        or len(routable) < len(healthy)
+        or (snap["index_sync"] or {}).get("state") == "restarting"
+    ):
         status = "degraded"
     else:
         status = "ok"

@@ -149,6 +149,7 @@ def _build_state(settings: Settings) -> ServiceState:
             on_worker_added=lambda url: _adopt_worker(state, url),
             on_worker_removed=lambda url: _drop_worker(state, url),
             on_lag=state.metrics.index_lag_seconds.observe,
+            accept_worker=lambda url: settings.accepted_worker(url, state.own_ports()),
         )
     return state
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -128,6 +129,7 @@ class IndexSync:
         on_worker_added: Callable[[str], None] | None = None,
         on_worker_removed: Callable[[str], None] | None = None,
         on_lag: Callable[[float], None] | None = None,
+        accept_worker: Callable[[str], str | None] | None = None,
         max_len: int = 200_000,
         coalesce_s: float = 0.005,
     ) -> None:
@@ -141,12 +143,20 @@ class IndexSync:
         self.on_worker_added = on_worker_added
         self.on_worker_removed = on_worker_removed
         self.on_lag = on_lag
+        # Anything in the stream could have been written by anyone with access to Redis: a
+        # worker URL is applied only if it passes the checks POST /workers applies (its
+        # normalized form, or None to refuse it).
+        self.accept_worker = accept_worker or (lambda url: url)
         self.max_len = max_len
         self.coalesce_s = coalesce_s
         self._queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=100_000)
         self.published = self.applied = self.dropped = self.errors = self.replayed = 0
         self.entries_published = 0  # stream entries written (each a batch of events)
         self.malformed = 0  # entries that could not be decoded (skipped)
+        self.refused = 0  # events naming a worker the allow-list refuses, or malformed
+        self.restarts = 0  # background tasks restarted after an unexpected error
+        self.last_error: str | None = None
+        self.failing_since: float | None = None  # a task is down and waiting to restart
         # Events decided before this replica started are history it replays, not sync lag.
         self.started_ms = time.time() * 1000.0
         self.last_id = "0-0"
@@ -171,9 +181,26 @@ class IndexSync:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [
-            loop.create_task(self._publisher(), name="index-publish"),
-            loop.create_task(self._subscriber(), name="index-subscribe"),
+            loop.create_task(self._supervised(self._publisher), name="index-publish"),
+            loop.create_task(self._supervised(self._subscriber), name="index-subscribe"),
         ]
+
+    async def _supervised(self, body: Callable[[], Any]) -> None:
+        """Run a background loop; an unexpected error restarts it (logged, counted, shown in
+        /health) instead of ending index sync for good while everything looks fine."""
+        delay = 0.1
+        while True:
+            try:
+                await body()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bad entry must not stop the sync
+                self.restarts += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                self.failing_since = self.failing_since or time.time()
+                log.exception("index sync task failed; restarting in %.1f s", delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -225,12 +252,17 @@ class IndexSync:
                 delay = min(delay * 2, 5.0)
                 continue
             delay = 0.1
+            self.failing_since = None
             read = 0
             for _stream, entries in replies or ():
                 read += len(entries)
                 for entry_id, fields in entries:
                     self.last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                    self._apply(fields)
+                    try:
+                        self._apply(fields)
+                    except (ValueError, TypeError, UnicodeDecodeError, OverflowError) as exc:
+                        self.malformed += 1
+                        log.warning("index stream entry %s skipped: %s", self.last_id, exc)
             if 0 < read < _READ_COUNT and self.coalesce_s > 0:
                 await asyncio.sleep(self.coalesce_s)  # drained: let the next events gather
 
@@ -255,6 +287,18 @@ class IndexSync:
             self._apply_event(op, worker, key, float(fields.get(b"t", b"0")), time.time())
 
     def _apply_event(self, op: str, worker: str, key: str, ts_ms: float, now_s: float) -> None:
+        accepted = self.accept_worker(worker) if op in ("i", "a", "x") else None
+        if accepted is None or not math.isfinite(ts_ms):
+            self.refused += 1
+            if self.refused <= 10 or self.refused % 1000 == 0:
+                log.warning(
+                    "index stream event refused (%d so far): op %r, worker %r",
+                    self.refused,
+                    op[:8],
+                    worker[:100],
+                )
+            return
+        worker = accepted
         if op == "i":
             self.router.index.insert(key, worker, ts_ms)
             if ts_ms < self.started_ms:
@@ -280,6 +324,10 @@ class IndexSync:
             "dropped": self.dropped,
             "errors": self.errors,
             "replayed": self.replayed,
+            "refused": self.refused,
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+            "state": "restarting" if self.failing_since is not None else "running",
             "last_lag_s": self.last_lag_s,
             "queued": self._queue.qsize(),
         }

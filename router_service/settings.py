@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -20,6 +21,12 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from models.persistence import MIN_KEY_BYTES
 
 __all__ = ["Settings", "SettingsError", "load_settings", "normalize_worker_url"]
+
+
+# Ports a worker is never registered on unless configured at start-up: well-known services
+# that are not LLM engines (ssh, smtp, dns, etcd, MySQL, PostgreSQL, Redis, Elasticsearch,
+# memcached, MongoDB), reachable on loopback but not something to proxy prompts to.
+_REFUSED_PORTS = frozenset({22, 23, 25, 53, 2375, 2379, 2380, 3306, 5432, 6379, 9200, 11211, 27017})
 
 
 class SettingsError(ValueError):
@@ -200,9 +207,18 @@ class Settings(BaseSettings):
                 raise ValueError(f"not a network: {net!r} (use CIDR, e.g. 10.0.0.0/8)") from None
         return value
 
-    def worker_allowed(self, url: str) -> bool:
-        """Whether POST /workers may register ``url`` (a normalized worker URL)."""
-        host = (urlsplit(url).hostname or "").lower()
+    def worker_allowed(self, url: str, refused_ports: Collection[int] = ()) -> bool:
+        """Whether POST /workers (or the shared index stream) may register ``url`` (a
+        normalized worker URL): a configured worker always; otherwise its host must be
+        allowed by name or network, and its port must not be one of the router's own
+        listeners, Redis's, or a well-known non-HTTP service's (``_REFUSED_PORTS``)."""
+        if url in self.worker_urls:
+            return True
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        if port in self._refused_ports() or port in refused_ports:
+            return False
         configured = {(urlsplit(u).hostname or "").lower() for u in self.worker_urls}
         if host in configured or host in {h.lower() for h in self.allowed_worker_hosts}:
             return True
@@ -213,6 +229,21 @@ class Settings(BaseSettings):
         return any(
             address in ipaddress.ip_network(n, strict=False) for n in self.allowed_worker_networks
         )
+
+    def _refused_ports(self) -> set[int]:
+        ports = set(_REFUSED_PORTS)
+        ports.update(p for p in (self.port, self.control_port_to_bind) if p)
+        if self.redis_url and urlsplit(self.redis_url).scheme != "unix":
+            ports.add(urlsplit(self.redis_url).port or 6379)
+        return ports
+
+    def accepted_worker(self, url: str, refused_ports: Collection[int] = ()) -> str | None:
+        """``url`` normalized if a worker may be registered at it, else None."""
+        try:
+            normalized = normalize_worker_url(url)
+        except ValueError:
+            return None
+        return normalized if self.worker_allowed(normalized, refused_ports) else None
 
     @field_validator("worker_urls")
     @classmethod

@@ -56,6 +56,12 @@ class ServiceState:
     tokenizer: PromptTokenizer | None = None  # settings.tokenizer
     control_port: int | None = None  # the control listener's port, once bound
 
+    data_port: int | None = None  # the data listener's port, once bound
+
+    def own_ports(self) -> set[int]:
+        """The router's own listening ports: never a worker's."""
+        return {p for p in (self.data_port, self.control_port) if p}
+
     def public(self, url: str) -> str:
         """How a client-facing answer names a worker: its label, or its URL if configured."""
         return url if self.settings.expose_worker_urls else self.pool.label(url)

@@ -173,9 +173,9 @@ class UiFeed:
             "reserve_ms": None,
         }
 
-    def samples(self, admin: bool, last: int | None = None) -> list[dict[str, Any]]:
-        """The history (or its ``last`` seconds); without admin, requests routed only."""
-        rows = list(self.history)[-last:] if last else list(self.history)
+    def samples(self, admin: bool, after: int | None = None) -> list[dict[str, Any]]:
+        """The history (its seconds after ``after``); without admin, requests routed only."""
+        rows = [row for row in self.history if after is None or row["t"] > after]
         if admin:
             return rows
         name = self.state.public
@@ -244,6 +244,7 @@ def _sse(event: str, data: Any) -> bytes:
 async def _stream(state: ServiceState, feed: UiFeed, admin: bool) -> AsyncIterator[bytes]:
     queue = feed.subscribe()
     try:
+        sent_t = feed.history[-1]["t"] if feed.history else None  # seconds the viewer has
         yield _sse("hello", feed.hello(admin))
         last_stats = time.monotonic()
         while not state.draining:
@@ -258,7 +259,9 @@ async def _stream(state: ServiceState, feed: UiFeed, admin: bool) -> AsyncIterat
             if time.monotonic() - last_stats >= 1.0:
                 last_stats = time.monotonic()
                 feed.roll(feed.clock())
-                yield _sse("stats", {**feed.summary(admin), "history": feed.samples(admin, 1)})
+                rows = feed.samples(admin, sent_t)
+                sent_t = rows[-1]["t"] if rows else sent_t
+                yield _sse("stats", {**feed.summary(admin), "history": rows})
     finally:
         feed.unsubscribe(queue)
 

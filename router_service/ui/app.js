@@ -194,7 +194,7 @@ function renderDecisions() {
     row.append(
       el("td", {}, fmtTime(d.t)),
       el("td", { title: d.decision_id }, d.decision_id.slice(0, 10)),
-      el("td", {}, d.chosen),
+      el("td", { title: d.chosen }, d.chosen.replace(/^https?:\/\//, "")),
       el("td", { class: "num" }, d.units),
       el("td", {}, outcome ? outcome.status : "in flight"),
       el("td", { class: "num" }, outcome ? fmtMs(outcome.latency_ms) : "-"),
@@ -254,6 +254,10 @@ function renderBreakdown() {
   renderLegend();
   const groups = $("groups");
   groups.replaceChildren();
+  if (!view.byId.has(view.selected) && view.decisions.length) {
+    view.pinned = false; // the pinned decision aged out: follow the newest again
+    view.selected = view.decisions[0].decision_id;
+  }
   const d = view.byId.get(view.selected);
   if (!d) return;
   $("breakdown-title").textContent = d.decision_id.slice(0, 10) + ": " + d.policy
@@ -300,6 +304,9 @@ function drawChart(svg, key, fixedMax) {
   svg.replaceChildren();
   const lines = series(key);
   const now = view.summary ? view.summary.now : Date.now() / 1000;
+  // The x axis spans the history there is, up to HISTORY_S seconds, ending now.
+  const first = view.history.length ? view.history[0].t : now - 60;
+  const span = Math.max(60, Math.min(HISTORY_S, now - first));
   let max = fixedMax || 0;
   for (const points of lines.values()) for (const [, v] of points) max = Math.max(max, v);
   if (!max) max = 1;
@@ -309,7 +316,7 @@ function drawChart(svg, key, fixedMax) {
   for (const [worker, points] of lines) {
     if (!points.length) continue;
     const coords = points.map(([t, v]) => {
-      const x = 400 - ((now - t) / HISTORY_S) * 400;
+      const x = 400 - ((now - t) / span) * 400;
       const y = 118 - (v / max) * 112;
       return x.toFixed(1) + "," + y.toFixed(1);
     });
@@ -317,9 +324,8 @@ function drawChart(svg, key, fixedMax) {
     svg.append(svgEl("polyline", { points: coords.join(" "), stroke: colorOf(worker),
       "data-worker": worker }));
   }
-  svg.parentElement.setAttribute("data-max", max);
-  const caption = svg.parentElement.querySelector("figcaption");
-  caption.setAttribute("title", "top of the chart: " + (fixedMax ? max : max.toFixed(1)));
+  const range = svg.parentElement.querySelector(".range");
+  range.textContent = "last " + Math.round(span) + " s; top " + (fixedMax ? max : max.toFixed(1));
 }
 
 function renderCharts() {

@@ -325,3 +325,49 @@ def test_the_snapshot_key_must_be_long_and_not_the_admin_token() -> None:
     settings: Settings = service_settings(model_snapshot_key=SNAPSHOT_KEY)
     assert settings.snapshot_key() == SNAPSHOT_KEY.encode()
     assert SNAPSHOT_KEY not in str(settings.redacted())
+
+
+# -- F4: the Redis index stream is not trusted ------------------------------------------------
+def _xadd(redis_url: str, stream: str, fields: dict[str, Any]) -> None:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.xadd(stream, fields)
+    finally:
+        client.close()
+
+
+def test_f4_workers_from_the_index_stream_pass_the_allow_list_and_bad_entries_are_skipped(
+    routers: Callable[..., RouterServer],
+    workers: Callable[..., FakeWorker],
+    redis_server: Any,
+    cluster_name: str,
+) -> None:
+    """Before: an XADD with a worker URL added a worker that POST /workers refuses (and a
+    gopher:// one that could not be removed); a non-numeric field killed the sync task for
+    good while /health said "ok"."""
+    good = workers("good")
+    router = routers(worker_urls=[good.url], redis_url=redis_server.url, cluster=cluster_name)
+    stream = f"kvroute:{cluster_name}:index"
+    planted = [
+        {"r": "evil", "o": "a", "w": "http://169.254.169.254:80", "d": b"", "t": "1"},
+        {"r": "evil", "o": "a", "w": "gopher://127.0.0.1:6379/_FLUSHALL", "d": b"", "t": "1"},
+        {"r": "evil", "o": "a", "w": f"http://127.0.0.1:{redis_server.port}", "d": b"", "t": "1"},
+        {"r": "evil", "o": "a", "w": "http://127.0.0.1:31999", "d": b"", "t": "not a number"},
+        {"r": "evil", "o": "b", "ops": "a", "w": "x", "i": b"\x05", "t": b"", "n": b"", "d": b""},
+    ]
+    for fields in planted:
+        _xadd(redis_server.url, stream, fields)
+    # The sync task survived all of it: a legitimate registration still arrives.
+    ok = workers("ok")
+    _xadd(redis_server.url, stream, {"r": "other", "o": "a", "w": ok.url, "d": b"", "t": "1"})
+
+    def listed() -> set[str]:
+        return {w["url"] for w in router.control.get("/workers").json()["workers"]}
+
+    assert wait_until(lambda: ok.url in listed(), 5), listed()
+    assert listed() == {good.url, ok.url}
+    sync = router.client.get("/health").json()["index_sync"]
+    assert sync["state"] == "running"
+    assert sync["refused"] == 3  # metadata, gopher, Redis' own port
+    assert sync["malformed"] == 2  # the non-numeric time and the broken batch
+    assert router.client.get("/health").json()["status"] == "ok"

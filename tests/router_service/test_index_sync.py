@@ -5,6 +5,7 @@ stream keeps about ``max_len`` events however they are batched."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Mapping
@@ -176,3 +177,36 @@ def test_the_stream_keeps_about_max_len_events_however_they_are_batched(
             await client.aclose()
 
     run(body)
+
+
+def test_a_task_that_fails_is_restarted_and_says_so_until_it_runs_again() -> None:
+    """An unexpected error in a background loop restarts it (with backoff) instead of ending
+    the sync silently; ``status()`` shows it (and /health turns "degraded")."""
+
+    async def scenario() -> tuple[list[str], dict[str, Any]]:
+        sync = _sync(aioredis.Redis(), "c", "r")
+        calls: list[str] = []
+        during: dict[str, Any] = {}
+
+        async def flaky() -> None:
+            calls.append("run")
+            if len(calls) == 1:
+                raise KeyError("boom")
+            during.update(sync.status())
+            await asyncio.sleep(3600)
+
+        task = asyncio.ensure_future(sync._supervised(flaky))
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(calls) == 2:
+                break
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return calls, during
+
+    calls, during = run(scenario)
+    assert calls == ["run", "run"]
+    assert during["restarts"] == 1
+    assert during["state"] == "restarting"  # until a read succeeds again
+    assert "KeyError" in during["last_error"]

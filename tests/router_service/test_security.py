@@ -125,9 +125,26 @@ def test_worker_urls_off_the_allow_list_are_refused(
     assert error["message"].startswith("url: ")
     if status == 403:
         assert error["type"] == "forbidden"
-        assert "--allowed-worker-networks" in error["message"]
+        assert "KVROUTE_ALLOWED_WORKER_NETWORKS" in error["message"]
     assert "pass@" not in resp.text  # credentials are not repeated back
     assert len(_urls(secured)) == 2
+
+
+@pytest.mark.parametrize("port", [22, 5432, 6379])
+def test_well_known_service_ports_and_the_routers_own_are_refused_on_allowed_hosts(
+    routers: Callable[..., RouterServer], two_workers: tuple[FakeWorker, FakeWorker], port: int
+) -> None:
+    """The default allow-list admits loopback (the configured workers' host); before, that
+    meant any port on it, Redis's included."""
+    router = routers(worker_urls=[w.url for w in two_workers], admin_token=ADMIN_TOKEN)
+    for url in (
+        f"http://127.0.0.1:{port}",
+        f"http://127.0.0.1:{router.port}",
+        f"http://127.0.0.1:{router.control_port}",
+    ):
+        resp = router.control.post("/workers", json={"url": url})
+        assert resp.status_code == 403, (url, resp.text)
+    assert len(_urls(router)) == 2
 
 
 def test_the_allow_list_admits_configured_networks_and_hosts(

@@ -96,6 +96,17 @@ def traffic(url: str, n: int) -> None:
         thread.join()
 
 
+def busy(url: str, requests: int) -> None:
+    """The paper's GSP workload through ``kvroute bench``: groups of prompts sharing
+    prefixes, token ids, a minute of arrivals at a load where queues build up."""
+    subprocess.run(
+        [sys.executable, "-m", "kvroute", "bench", "--url", url, "--time-scale", "10",
+         "--workload", "gsp", "--gsp-groups", "24", "--gsp-prompts-per-group", str(requests // 24),
+         "--rate", "1.6", "--output-len", "64", "--no-progress"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     from selenium.webdriver.chrome.options import Options
@@ -112,7 +123,7 @@ def browser() -> Iterator[Any]:
         "--disable-component-update",
         "--no-first-run",
         f"--user-data-dir={profile}",
-        "--window-size=1440,1000",
+        "--window-size=1440,1080",
     ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
@@ -132,6 +143,20 @@ def wait_for(check: Any, timeout_s: float, every_s: float = 0.02) -> float:
             raise AssertionError(f"not within {timeout_s} s: {check.__doc__ or check}")
         time.sleep(every_s)
     return time.perf_counter() - started
+
+
+# What the breakdown panel shows, read in one go inside the page.
+BREAKDOWN = """
+return {
+  title: document.getElementById("breakdown-title").textContent,
+  groups: [...document.querySelectorAll("#groups .worker-group")].map((g) => ({
+    worker: g.dataset.worker,
+    chosen: g.classList.contains("chosen"),
+    labels: [...g.querySelectorAll(".bar-row .label")].map((e) => e.textContent),
+    cost_width_px: g.querySelector(".bar.cost").getBoundingClientRect().width,
+  })),
+};
+"""
 
 
 def row_ids(driver: Any) -> list[str]:
@@ -181,33 +206,41 @@ def test_the_page_shows_each_decision_live_with_its_breakdown(
     assert seen_after < 1.0, f"the decision took {seen_after:.2f} s to appear"
     assert answer["id"] in row_ids(browser)
 
-    # Its breakdown: one bar group per worker, the chosen one marked, every bar drawn.
-    browser.find_element(By.CSS_SELECTOR, f'#decision-rows tr[data-id="{answer["id"]}"]').click()
-    groups = browser.find_elements(By.CSS_SELECTOR, "#groups .worker-group")
-    assert len(groups) == WORKERS
-    chosen = [g for g in groups if "chosen" in g.get_attribute("class").split()]
+    # Its breakdown: one bar group per worker, the chosen one marked, every bar drawn. The page
+    # redraws on every event, so each look is one script run inside it (no stale elements).
+    browser.execute_script(
+        "document.querySelector(`#decision-rows tr[data-id='${arguments[0]}']`).click()",
+        answer["id"],
+    )
+    drawn = browser.execute_script(BREAKDOWN)
+    assert drawn["title"].startswith(answer["id"][:10])
+    assert len(drawn["groups"]) == WORKERS
+    chosen = [g["worker"] for g in drawn["groups"] if g["chosen"]]
     assert len(chosen) == 1
-    title = browser.find_element(By.ID, "breakdown-title").text
-    assert title.endswith("-> " + chosen[0].get_attribute("data-worker"))
-    for group in groups:
-        labels = [e.text for e in group.find_elements(By.CSS_SELECTOR, ".bar-row .label")]
-        assert labels == ["cached", "base", "queue", "residual", "predicted", "impact", "cost"]
-        cost = group.find_element(By.CSS_SELECTOR, ".bar.cost")
-        assert float(cost.value_of_css_property("width").removesuffix("px")) > 0
+    assert drawn["title"].endswith("-> " + chosen[0])
+    for group in drawn["groups"]:
+        assert group["labels"] == [
+            "cached",
+            "base",
+            "queue",
+            "residual",
+            "predicted",
+            "impact",
+            "cost",
+        ]
+        assert group["cost_width_px"] > 0
 
     # The charts have one line per worker, over the seconds with traffic.
     wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#chart-flight polyline")) > 0, 5)
-    lines = browser.find_elements(By.CSS_SELECTOR, "#chart-hit polyline")
-    assert 1 <= len(lines) <= WORKERS
+    wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#chart-hit polyline")) > 0, 5)
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#chart-hit polyline")) <= WORKERS
 
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == [], errors
 
     target = os.environ.get("KVROUTE_UI_SCREENSHOT")
-    if target:  # a figure for the docs: a minute of traffic first, so the charts have lines
-        for round_ in range(12):
-            traffic(router, 40 + 10 * (round_ % 3))
-        browser.find_element(By.CSS_SELECTOR, "#decision-rows tr").click()
+    if target:  # a figure for the docs: a minute of mixed traffic, so the charts have lines
+        busy(router, 960)
         time.sleep(1.5)
     shot = tmp_path / "ui.png"
     assert browser.save_screenshot(str(shot))
@@ -225,14 +258,13 @@ def test_without_the_token_the_page_shows_labels_and_no_figures(router: str, bro
     browser.get(router + "/ui")
     wait_for(lambda: browser.find_element(By.ID, "connection").text == "live", 15)
     send(router, SYSTEM + " seen without the token")
-    wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#groups .worker-group")) > 0, 5)
-    names = [
-        g.get_attribute("data-worker")
-        for g in browser.find_elements(By.CSS_SELECTOR, "#groups .worker-group")
-    ]
+    wait_for(lambda: len(browser.execute_script(BREAKDOWN)["groups"]) > 0, 5)
+    names = [g["worker"] for g in browser.execute_script(BREAKDOWN)["groups"]]
     assert len(names) == WORKERS
     assert not any(name.startswith("http") for name in names)  # labels: w0, w1, ...
-    values = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#groups .value")]
+    values = browser.execute_script(
+        "return [...document.querySelectorAll('#groups .value')].map((e) => e.textContent)"
+    )
     assert set(values) == {"-"}
     assert "without the admin token" in browser.find_element(By.ID, "access").text
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]

@@ -195,3 +195,24 @@ def test_the_pages_and_state_over_http() -> None:
         assert not wrong["admin"]
         assert admin["workers"][0]["worker"] == W0
         assert "/ui" not in json.dumps(client.get("/openapi.json").json()["paths"])
+
+
+def test_stats_carry_every_second_closed_since_the_viewer_last_heard() -> None:
+    state, feed, clock = make()
+
+    async def scenario() -> list[tuple[str, Any]]:
+        stream = _stream(state, feed, admin=True)
+        events = [parse(await anext(stream))]
+        for i in range(3):  # seconds 1000, 1001, 1002; each decision closes the one before
+            state.decisions.add(decision(f"d{i}"))
+            clock.t += 1.0
+        events += [parse(await anext(stream)) for _ in range(4)]
+        state.draining = True
+        _ = [chunk async for chunk in stream]
+        return events
+
+    hello, *decisions, stats = asyncio.run(scenario())
+    assert hello[1]["history"] == []
+    assert [kind for kind, _ in decisions] == ["decision"] * 3
+    assert stats[0] == "stats"
+    assert [row["t"] for row in stats[1]["history"]] == [1000, 1001, 1002]
