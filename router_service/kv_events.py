@@ -359,6 +359,8 @@ class _FeedCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         feed, name = self.feed, self.name
+        if not feed.streams:  # exported only with KV events configured (docs/metrics.md)
+            return
         live = GaugeMetricFamily(
             "kvroute_kv_events_live",
             "1 if the worker's cache is read from its KV events now, 0 if it falls back to "
