@@ -19,5 +19,9 @@ status=0
 .venv/bin/kvroute cluster --workers 4 --eviction rlt --time-scale 10 \
   --policy lbgr cache_aware round_robin \
   --workload gsp --gsp-groups 32 --gsp-prompts-per-group 8 --rate 10 "$@" || status=$?
-echo "demo: done in $((SECONDS - started)) s" >&2
+if [ "$status" = 0 ]; then
+  echo "demo: done in $((SECONDS - started)) s" >&2
+else
+  echo "demo: failed after $((SECONDS - started)) s (exit $status; see above)" >&2
+fi
 exit "$status"
