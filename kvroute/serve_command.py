@@ -216,10 +216,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             f"cannot listen on {settings.host}:{settings.port} and the control port "
             f"{settings.control_host}:{settings.control_port_to_bind}: {exc.strerror or exc}"
         )
+    from router_service.http_protocol import guarded_protocol
+
+    _raise_open_files_limit(settings.max_connections)
     config = uvicorn.Config(
         app,
         loop="uvloop",
-        http="httptools",
+        http=guarded_protocol(settings),
+        limit_concurrency=settings.max_connections,
         log_level=settings.log_level,
         access_log=False,
         # The router never reads the client address, so X-Forwarded-* parsing is pure cost.
@@ -228,6 +232,20 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     _DrainingServer(config, app.state.kvroute).run(sockets=list(sockets))
     return 0
+
+
+def _raise_open_files_limit(connections: int) -> None:
+    """Let the process hold ``connections`` sockets (and its workers' and Redis's): raise
+    the soft limit on open files towards the hard one."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = connections + 1024
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 class _DrainingServer(uvicorn.Server):

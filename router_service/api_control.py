@@ -9,6 +9,7 @@ token the control plane is off (403).
 from __future__ import annotations
 
 import hmac
+import math
 import random
 from typing import Any
 
@@ -82,9 +83,28 @@ class WorkerBody(_Body):
     )
 
 
+def _finite(value: Any, where: str = "params") -> Any:
+    """``value`` unchanged, if every number in it is finite (JSON's NaN and Infinity, which
+    Python's parser accepts, would break every later answer that serializes them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} holds {value!r}; use a finite number")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _finite(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _finite(item, f"{where}[{i}]")
+    return value
+
+
 class PolicyBody(_Body):
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("params")
+    @classmethod
+    def _check_params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _finite(value)  # type: ignore[no-any-return]
 
 
 class ModelBody(_Body):
@@ -98,7 +118,7 @@ class ModelBody(_Body):
         # Checked here so a bad spec is reported as `spec`, not as a union member (`spec.str`).
         if not isinstance(value, str | dict):
             raise ValueError('give a model kind name or {"kind": ..., "params": {...}}')
-        return value
+        return _finite(value, "spec")
 
 
 def _worker_view(state: ServiceState, url: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from router_service.api_schema import (
     request_body,
 )
 from router_service.errors import ServiceError
-from router_service.proxy import forward, read_body, route_only
+from router_service.proxy import client_key, forward, read_body, route_only
 from router_service.request_parsing import detect_kind, load_json, parse_body
 from router_service.state import ServiceState
 from router_service.tokenizer import tokenized
@@ -47,7 +47,7 @@ DATA_PLANE: dict[str, tuple[str, str]] = {
 }
 
 
-_DATA_ERRORS = errors(400, 413, 429, 502, 503, 504)
+_DATA_ERRORS = errors(400, 408, 413, 429, 502, 503, 504)
 
 
 @router.post(
@@ -110,28 +110,38 @@ async def list_models(request: Request) -> Response:
 @router.post(
     "/explain",
     openapi_extra=request_body(EXPLAIN_BODY),
-    responses={200: {"model": ExplainAnswer}, **errors(400, 413, 503)},
+    responses={200: {"model": ExplainAnswer}, **errors(400, 408, 413, 429, 503)},
     tags=["explain"],
 )
 async def explain(request: Request) -> JSONResponse:
     """The decision the router would make now for this body; nothing is reserved or sent."""
     state = _state(request)
-    body = load_json(await read_body(request, state.settings.max_body_bytes))
-    parsed = parse_body(body, detect_kind(body), "explain-" + state.new_request_id())
-    parsed = await tokenized(state.tokenizer, parsed)
-    decision = route_only(state, parsed, await state.worker_statuses())
+    settings, admission = state.settings, state.admission
+    admission.check_rate(client_key(state, request), explain=not is_admin(request))
+    raw, release = await read_body(
+        request, settings.max_body_bytes, admission=admission, timeout_s=settings.body_timeout_s
+    )
+    try:
+        body = load_json(raw)
+        parsed = parse_body(body, detect_kind(body), "explain-" + state.new_request_id())
+        parsed = await tokenized(state.tokenizer, parsed)
+        decision = route_only(state, parsed, await state.worker_statuses())
+    finally:
+        release()
     record = {**decision.to_dict(), "replica_id": state.replica_id, "outcome": None}
     return JSONResponse({**_shown(request, record), "dry_run": True})
 
 
 @router.get(
     "/explain/{decision_id}",
-    responses={200: {"model": ExplainAnswer}, **errors(404)},
+    responses={200: {"model": ExplainAnswer}, **errors(404, 429)},
     tags=["explain"],
 )
 async def explain_recorded(decision_id: str, request: Request) -> JSONResponse:
     """A recorded decision with its outcome (kept in a bounded ring buffer)."""
-    record = _state(request).decisions.get(decision_id)
+    state = _state(request)
+    state.admission.check_rate(client_key(state, request), explain=not is_admin(request))
+    record = state.decisions.get(decision_id)
     if record is None:
         raise ServiceError(
             404,

@@ -52,13 +52,15 @@ class ErrorBody(BaseModel):
 _ERROR_TEXT = {
     400: "bad input: the body or a parameter is invalid (the message names the field)",
     401: "the control plane needs 'Authorization: Bearer <admin token>'",
-    403: "the worker URL is not on the allow-list",
+    403: "the worker URL is not on the allow-list, or the control plane is off (no admin token)",
     404: "not found",
+    408: "the request body did not arrive within body_timeout_s",
     409: "conflicts with the current state",
     413: "the request body is larger than max_body_bytes",
-    429: "rate limit exceeded; see Retry-After",
+    429: "this client's rate limit exceeded; see Retry-After",
     502: "the worker is unreachable or broke off (after retries on other workers)",
-    503: "no worker can take the request, or the router is overloaded; see Retry-After",
+    503: "no worker can take the request, or the router is overloaded (requests or request "
+    "bodies in flight); see Retry-After",
     504: "the worker did not answer in time (after retries on other workers)",
 }
 

@@ -84,7 +84,13 @@ def _build_state(settings: Settings) -> ServiceState:
             ),
         ),
         admission=Admission(
-            settings.max_in_flight, settings.rate_limit_rps, settings.rate_limit_burst
+            settings.max_in_flight,
+            settings.rate_limit_rps,
+            settings.rate_limit_burst,
+            per_worker_in_flight=settings.per_worker_in_flight,
+            workers=lambda: len(state.pool.workers),
+            explain_rps=settings.explain_rate_limit_rps,
+            max_body_bytes_in_flight=settings.max_body_bytes_in_flight,
         ),
         store=make_store(
             settings.redis_url,

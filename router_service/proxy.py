@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from router_service.admission import Admission
 from router_service.dispatch import DispatchQueue
 from router_service.errors import ServiceError
-from router_service.relay import SKIP_REQUEST_HEADERS, Flight, relay
+from router_service.relay import SKIP_REQUEST_HEADERS, Flight, end_to_end, relay
 from router_service.request_parsing import ParsedRequest, load_json, parse_body
 from router_service.routing import Decision, NoEligibleWorker, RouteRequest, WorkerStatus
 from router_service.state import ServiceState
@@ -36,31 +39,88 @@ log = logging.getLogger("kvroute.proxy")
 _RETRY_STATUSES = frozenset({502, 503, 504})
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 past ``limit`` bytes (checked while reading)."""
+async def read_body(
+    request: Request,
+    limit: int,
+    *,
+    admission: Admission | None = None,
+    timeout_s: float | None = None,
+) -> tuple[bytes, Callable[[], None]]:
+    """The request body and the release of the memory it holds in ``admission``'s budget.
+
+    Refused with 413 past ``limit`` bytes (checked while reading), 503 when the body does not
+    fit the budget of bodies in flight (a declared length is checked before anything is
+    read), 408 when it has not all arrived within ``timeout_s``.
+    """
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    size_hint = int(declared) if declared is not None and declared.isdigit() else None
+    if size_hint is not None and size_hint > limit:
         raise ServiceError(
             413,
             f"request body is {declared} bytes; the limit is {limit}",
             field="body",
             error_type="request_too_large",
         )
+    releases: list[Callable[[], None]] = []
+
+    def release() -> None:
+        for undo in releases:
+            undo()
+
+    if admission is not None and size_hint:
+        releases.append(admission.reserve_body(size_hint))
     chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise ServiceError(
-                    413,
-                    f"request body exceeds the limit of {limit} bytes",
-                    field="body",
-                    error_type="request_too_large",
-                )
-            chunks.append(chunk)
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ServiceError(
+                        413,
+                        f"request body exceeds the limit of {limit} bytes",
+                        field="body",
+                        error_type="request_too_large",
+                    )
+                if admission is not None and size > (size_hint or 0):
+                    releases.append(admission.reserve_body(len(chunk)))
+                chunks.append(chunk)
     except ClientDisconnect:
+        release()
         raise ServiceError(400, "client disconnected while sending the body") from None
-    return b"".join(chunks)
+    except TimeoutError:
+        release()
+        raise ServiceError(
+            408,
+            f"the request body did not arrive within {timeout_s:g} s",
+            field="body",
+            error_type="request_timeout",
+        ) from None
+    except BaseException:
+        release()
+        raise
+    return b"".join(chunks), release
+
+
+def client_key(state: ServiceState, request: Request) -> str:
+    """Who sent ``request``, for per-client limits: the peer's address, or behind a trusted
+    proxy the X-Forwarded-For hop the nearest untrusted party added."""
+    peer = request.client.host if request.client is not None else "unknown"
+    trusted = state.trusted_networks
+    if not trusted or not _in(peer, trusted):
+        return peer
+    hops = [h.strip() for h in request.headers.get("x-forwarded-for", "").split(",") if h.strip()]
+    for hop in reversed(hops):
+        if not _in(hop, trusted):
+            return hop
+    return hops[0] if hops else peer
+
+
+def _in(address: str, networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in net for net in networks)
 
 
 def route_only(state: ServiceState, parsed: ParsedRequest, statuses: list[Any]) -> Decision:
@@ -91,12 +151,27 @@ class _Retryable(Exception):
 async def forward(state: ServiceState, request: Request, kind: str, path: str) -> Response:
     """Admit, then route and send until an attempt answers or the retry budget is spent.
 
-    The admission slot is held until the response is complete: for a stream, until its
-    last chunk (the final attempt's ``Flight`` frees it when it closes).
+    The client's rate is checked first, the body read within its budget and timeout, then a
+    slot taken; both are held until the response is complete: for a stream, until its last
+    chunk (the final attempt's ``Flight`` frees them when it closes).
     """
-    release = state.admission.acquire()
+    settings, admission = state.settings, state.admission
+    admission.check_rate(client_key(state, request))
+    raw, release_body = await read_body(
+        request, settings.max_body_bytes, admission=admission, timeout_s=settings.body_timeout_s
+    )
+    # The slot is taken once the body is in: a slow body holds memory, never a slot.
     try:
-        raw = await read_body(request, state.settings.max_body_bytes)
+        release_slot = admission.acquire()
+    except BaseException:
+        release_body()
+        raise
+
+    def release() -> None:
+        release_slot()
+        release_body()
+
+    try:
         parsed = parse_body(load_json(raw), kind, state.new_request_id())
         parsed = await tokenized(state.tokenizer, parsed)
         if state.settings.log_prompts:  # off by default: prompts are user data
@@ -313,7 +388,10 @@ async def _send(
     """POST to the worker; returns once its status and headers arrived (the first byte)."""
     settings = state.settings
     url = worker + path
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in SKIP_REQUEST_HEADERS}
+    headers = end_to_end(request.headers, SKIP_REQUEST_HEADERS)
+    # Without it the HTTP client would ask for gzip on the client's behalf.
+    if not any(k.lower() == "accept-encoding" for k in headers):
+        headers["Accept-Encoding"] = "identity"
     timeout = aiohttp.ClientTimeout(
         total=settings.request_timeout_s, sock_connect=settings.connect_timeout_s
     )

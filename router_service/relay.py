@@ -30,32 +30,38 @@ __all__ = ["SKIP_REQUEST_HEADERS", "Flight", "relay"]
 
 log = logging.getLogger("kvroute.proxy")
 
-# Hop-by-hop and framing headers are the proxy's own business on each side.
-SKIP_REQUEST_HEADERS = frozenset(
+# Hop-by-hop headers (RFC 9110 7.6.1: those below and any the Connection header lists) and
+# framing are the proxy's own business on each side. Content-Encoding is end to end: the
+# router never decodes a body (its HTTP client does not decompress), so the worker's encoding
+# reaches the client with its header, and the client's Accept-Encoding reaches the worker.
+_HOP_BY_HOP = frozenset(
     {
-        "host",
-        "content-length",
         "connection",
         "keep-alive",
+        "proxy-connection",
         "transfer-encoding",
         "te",
+        "trailer",
         "upgrade",
         "proxy-authorization",
-        "proxy-connection",
-        "accept-encoding",
+        "proxy-authenticate",
     }
 )
-_SKIP_RESPONSE = frozenset(
-    {
-        "content-length",
-        "connection",
-        "keep-alive",
-        "transfer-encoding",
-        "content-encoding",
-        "server",
-        "date",
+SKIP_REQUEST_HEADERS = _HOP_BY_HOP | {"host", "content-length"}
+_SKIP_RESPONSE = _HOP_BY_HOP | {"content-length", "server", "date"}
+
+
+def end_to_end(headers: Any, skip: frozenset[str]) -> dict[str, str]:
+    """``headers`` less ``skip`` and whatever their Connection header names."""
+    items = list(headers.items())
+    named = {
+        token.strip().lower()
+        for key, value in items
+        if key.lower() == "connection"
+        for token in value.split(",")
+        if token.strip()
     }
-)
+    return {k: v for k, v in items if k.lower() not in skip and k.lower() not in named}
 
 
 @dataclass
@@ -216,7 +222,7 @@ async def relay(
     flight: Flight, upstream: aiohttp.ClientResponse, headers: dict[str, str]
 ) -> Response:
     """The client's response: the whole body, or a stream of the worker's chunks."""
-    out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _SKIP_RESPONSE}
+    out_headers = end_to_end(upstream.headers, _SKIP_RESPONSE)
     out_headers.update(headers)
     media_type = upstream.headers.get("content-type")
     ok = upstream.status < 400

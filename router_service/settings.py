@@ -110,7 +110,10 @@ class Settings(BaseSettings):
     breaker_open_s: float = Field(10.0, gt=0)
     # A half-open circuit's trial slot frees when its request ends, or after this long.
     breaker_trial_timeout_s: float = Field(30.0, gt=0)
-    max_in_flight: int = Field(0, ge=0)  # 0: no cap
+    # Requests in flight per replica: past it 503 + Retry-After. None: per_worker_in_flight x
+    # the registered workers; 0: no cap.
+    max_in_flight: int | None = Field(None, ge=0)
+    per_worker_in_flight: int = Field(256, ge=1)
     # The hold queue (router_service.dispatch): at most this many of this replica's requests
     # in flight per worker, the rest wait in the router (0: off, route at arrival).
     queue_slots: int = Field(0, ge=0, le=1024)
@@ -121,8 +124,24 @@ class Settings(BaseSettings):
     # count); "end": when the response ends (best for short outputs, see docs/operations.md);
     # "last_token": like "end", but one decode step before it (the hand-over overlaps it).
     queue_free_at: Literal["first_token", "last_token", "end"] = "first_token"
-    rate_limit_rps: float = Field(0.0, ge=0)  # 0: no limit
+    rate_limit_rps: float = Field(0.0, ge=0)  # per client; 0: no limit
     rate_limit_burst: int = Field(0, ge=0)
+    # POST /explain and GET /explain/{id} per client without the admin token (a probe of what
+    # the workers cache); 0: no limit.
+    explain_rate_limit_rps: float = Field(5.0, ge=0)
+    # Clients are told apart by their address; behind these proxies (networks), by the
+    # X-Forwarded-For hop the nearest untrusted party added.
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Request bodies the router holds at once, all requests together: past it 503.
+    max_body_bytes_in_flight: int = Field(256 * 1024 * 1024, ge=0)
+    # Slow clients: the request head must arrive within header_timeout_s of the connection's
+    # first byte (or of its opening), the body within body_timeout_s; heads over
+    # max_header_bytes or max_headers fields get 431; connections past max_connections 503.
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(30.0, gt=0)
+    max_header_bytes: int = Field(64 * 1024, ge=1024)
+    max_headers: int = Field(100, ge=8)
+    max_connections: int = Field(4096, ge=16)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     explain_buffer: int = Field(10_000, ge=1)
     model_snapshot_path: Path | None = None
@@ -190,14 +209,16 @@ class Settings(BaseSettings):
             return [u for u in value.replace(",", " ").split() if u]
         return value
 
-    @field_validator("allowed_worker_networks", "allowed_worker_hosts", mode="before")
+    @field_validator(
+        "allowed_worker_networks", "allowed_worker_hosts", "trusted_proxies", mode="before"
+    )
     @classmethod
     def _split_lists(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [u for u in value.replace(",", " ").split() if u]
         return value
 
-    @field_validator("allowed_worker_networks")
+    @field_validator("allowed_worker_networks", "trusted_proxies")
     @classmethod
     def _check_networks(cls, value: list[str]) -> list[str]:
         for net in value:

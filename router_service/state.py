@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import random
 import time
@@ -57,6 +58,10 @@ class ServiceState:
     control_port: int | None = None  # the control listener's port, once bound
 
     data_port: int | None = None  # the data listener's port, once bound
+
+    @property
+    def trusted_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        return [ipaddress.ip_network(n, strict=False) for n in self.settings.trusted_proxies]
 
     def own_ports(self) -> set[int]:
         """The router's own listening ports: never a worker's."""

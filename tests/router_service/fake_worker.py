@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import socket
 import threading
@@ -61,6 +62,8 @@ class FakeWorker:
         self.health_status = 200
         self.fail_status: int | None = None  # answer data-plane requests with this error
         self.set_cookie: str | None = None  # a Set-Cookie header on every non-streamed answer
+        self.reply_headers: dict[str, str] = {}  # more headers on every non-streamed answer
+        self.gzip = False  # compress non-streamed answers when the request accepts gzip
         self.host = host
         self.port = 0
         self.received: list[Received] = []
@@ -165,7 +168,11 @@ class FakeWorker:
         raw = json.dumps(payload, indent=1, sort_keys=False).encode() + b"\n"
         with self._lock:
             self.responses.append(raw)
-        headers = {"Set-Cookie": self.set_cookie} if self.set_cookie else None
+        headers = {"Set-Cookie": self.set_cookie} if self.set_cookie else {}
+        headers.update(self.reply_headers)
+        asked = self.received[-1].headers.get("Accept-Encoding", "") if self.received else ""
+        if self.gzip and "gzip" in asked:
+            raw, headers["Content-Encoding"] = gzip.compress(raw), "gzip"
         return web.Response(body=raw, content_type="application/json", headers=headers)
 
     async def _sse(self, request: web.Request, events: list[dict[str, Any]]) -> web.StreamResponse:

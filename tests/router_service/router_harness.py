@@ -25,6 +25,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from router_service.app import create_app
+from router_service.http_protocol import guarded_protocol
 from router_service.listeners import bind_listeners
 from router_service.routing.load import DECAY_TICK_MS
 from router_service.settings import Settings
@@ -63,8 +64,9 @@ def async_http_client(base_url: str, timeout_s: float = 30.0) -> httpx.AsyncClie
 def service_settings(**values: Any) -> Settings:
     """Settings from ``values`` and the defaults only: ``KVROUTE_*`` variables in the shell
     that runs the tests must not change what a test configures. Listeners on free loopback
-    ports unless a test says otherwise."""
-    values = {"port": 0, "control_port": 0, **values}
+    ports, and no /explain rate limit, unless a test says otherwise."""
+    # Tests call /explain in loops: its per-client rate is off unless a test sets it.
+    values = {"port": 0, "control_port": 0, "explain_rate_limit_rps": 0.0, **values}
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("KVROUTE_")}
     try:
         return Settings(**values)
@@ -127,7 +129,13 @@ class RouterServer:
         self.port: int = self._sock.getsockname()[1]
         self.control_port: int = self._control_sock.getsockname()[1]
         config = uvicorn.Config(
-            self.app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=30
+            self.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_keep_alive=30,
+            http=guarded_protocol(settings),  # as kvroute serve runs it
+            limit_concurrency=settings.max_connections,
         )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(

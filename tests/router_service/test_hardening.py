@@ -6,12 +6,16 @@ instead. ``RELIABILITY.md`` (*Security*) lists them with what was observed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -371,3 +375,244 @@ def test_f4_workers_from_the_index_stream_pass_the_allow_list_and_bad_entries_ar
     assert sync["refused"] == 3  # metadata, gopher, Redis' own port
     assert sync["malformed"] == 2  # the non-numeric time and the broken batch
     assert router.client.get("/health").json()["status"] == "ok"
+
+
+# -- F5 / F8: heads that are too large or too slow ----------------------------------------------
+def _raw(port: int, payload: bytes, *, read_timeout_s: float = 5.0) -> bytes:
+    """Send ``payload`` on a fresh connection; what comes back until the router closes it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=read_timeout_s) as sock:
+        with contextlib.suppress(OSError):  # the router may close while we still send
+            sock.sendall(payload)
+        out = b""
+        with contextlib.suppress(TimeoutError, OSError):
+            while chunk := sock.recv(65536):
+                out += chunk
+        return out
+
+
+def test_f5_an_oversized_head_is_refused_at_once_and_others_are_served(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
+) -> None:
+    worker = workers("w")
+    router = routers(worker_urls=[worker.url], max_header_bytes=16 * 1024, max_headers=50)
+    big = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (8 * 1024 * 1024)
+    started = time.monotonic()
+    answer = _raw(router.port, big)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert time.monotonic() - started < 3.0  # refused, not read
+    many = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(60))
+    assert _raw(router.port, many + b"\r\n").startswith(b"HTTP/1.1 431 ")
+    assert router.client.post("/generate", json={"text": "fine"}).status_code == 200
+
+
+def test_f8_slow_heads_and_idle_connections_are_closed_with_408(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
+) -> None:
+    worker = workers("w")
+    router = routers(worker_urls=[worker.url], header_timeout_s=0.5)
+    started = time.monotonic()
+    assert _raw(router.port, b"").startswith(b"HTTP/1.1 408 ")  # opened, never a byte
+    assert _raw(router.port, b"GET /health HTTP/1.1\r\nHost").startswith(b"HTTP/1.1 408 ")
+    assert time.monotonic() - started < 4.0
+    assert router.client.get("/health").status_code == 200
+
+
+def test_f8_a_slow_body_times_out_and_never_holds_a_slot(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
+) -> None:
+    """Before: the admission slot was taken before the body was read, so slow bodies shut
+    everyone out. Now the slot is taken once the body is in."""
+    worker = workers("w")
+    router = routers(worker_urls=[worker.url], max_in_flight=2, body_timeout_s=1.0)
+    head = (
+        b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n{"
+    )
+    slow = [socket.create_connection(("127.0.0.1", router.port)) for _ in range(6)]
+    try:
+        for sock in slow:
+            sock.sendall(head)
+        for i in range(4):  # more than the cap, one after another: every one has a slot
+            resp = router.client.post("/generate", json={"text": f"meanwhile {i}"})
+            assert resp.status_code == 200, resp.text
+        slow[0].settimeout(5)
+        answer = slow[0].recv(65536)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+        assert b"did not arrive" in answer
+    finally:
+        for sock in slow:
+            sock.close()
+
+
+# -- F6: bodies in flight, and /explain under admission --------------------------------------
+def test_f6_bodies_in_flight_have_a_memory_budget(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
+) -> None:
+    worker = workers("w", delay_s=0.5)
+    router = routers(
+        worker_urls=[worker.url], max_body_bytes_in_flight=1024 * 1024, max_body_bytes=2**20
+    )
+    body = {"text": "x" * 600_000}
+    results: list[int] = []
+
+    def send() -> None:
+        with httpx.Client(base_url=router.url, timeout=30) as client:
+            results.append(client.post("/generate", json=body).status_code)
+
+    threads = [threading.Thread(target=send) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(results).count(200) >= 1
+    assert 503 in results  # the budget holds one 600 kB body at a time
+    admission = router.control.get("/health").json()
+    assert admission["status"] == "ok"
+    assert router.client.post("/generate", json={"text": "small"}).status_code == 200
+
+
+def test_f6_f7_explain_is_rate_limited_per_client_without_the_token(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
+) -> None:
+    worker = workers("w")
+    router = routers(worker_urls=[worker.url], explain_rate_limit_rps=2.0)
+    statuses = [
+        router.client.post("/explain", json={"text": "probe"}).status_code for _ in range(6)
+    ]
+    assert statuses[:2] == [200, 200]
+    assert 429 in statuses[2:]
+    resp = router.client.post("/explain", json={"text": "probe"})
+    assert resp.status_code == 429
+    assert int(resp.headers["Retry-After"]) >= 1
+    # The operator, with the token, is not limited, and sees every figure.
+    for _ in range(6):
+        answer = router.admin.post("/explain", json={"text": "probe"})
+        assert answer.status_code == 200
+    assert answer.json()["candidates"][0]["cached"] is not None
+    # Without it: workers by label (unless configured), no cache figures.
+    shown = routers(worker_urls=[worker.url], expose_worker_urls=False)
+    public = shown.client.post("/explain", json={"text": "probe"}).json()
+    assert public["chosen"] == "w0"
+    assert public["candidates"][0]["cached"] is None
+    assert public["candidates"][0]["predicted_ms"] is None
+
+
+# -- per-client limits and the default overload cap -------------------------------------------
+def test_the_rate_limit_is_per_client(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
+) -> None:
+    """Before: one global bucket, so one client starved the others."""
+    worker = workers("w")
+    router = routers(
+        worker_urls=[worker.url],
+        rate_limit_rps=1.0,
+        rate_limit_burst=3,
+        trusted_proxies=["127.0.0.1/32"],
+    )
+
+    def send(client: str) -> int:
+        headers = {"X-Forwarded-For": client}
+        return router.client.post("/generate", json={"text": "hi"}, headers=headers).status_code
+
+    greedy = [send("10.0.0.1") for _ in range(10)]
+    assert greedy[:3] == [200, 200, 200]
+    assert greedy.count(429) >= 6
+    assert [send("10.0.0.2") for _ in range(3)] == [200, 200, 200]  # another client is fine
+
+
+def test_the_default_in_flight_cap_sheds_with_retry_after(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
+) -> None:
+    """Before: no cap by default; at 4,000 clients nothing was shed, p99 23 s, then breakers
+    opened. Now the default cap is per_worker_in_flight x the workers."""
+    pool = [workers("a", delay_s=1.0), workers("b", delay_s=1.0)]
+    router = routers(worker_urls=[w.url for w in pool], per_worker_in_flight=32)
+    assert router.settings.max_in_flight is None
+    results: list[httpx.Response] = []
+
+    async def burst() -> None:
+        async with httpx.AsyncClient(base_url=router.url, timeout=30) as client:
+            answers = await asyncio.gather(
+                *(client.post("/generate", json={"text": f"r{i}"}) for i in range(100))
+            )
+            results.extend(answers)
+
+    asyncio.run(burst())
+    codes = [r.status_code for r in results]
+    assert codes.count(200) == 64  # 32 per worker
+    shed = [r for r in results if r.status_code == 503]
+    assert len(shed) == 36
+    assert all(r.headers["Retry-After"] == "1" for r in shed)
+    assert all(r.json()["error"]["type"] == "overloaded" for r in shed)
+
+
+# -- lower: headers, encodings, bad numbers -----------------------------------------------------
+def test_hop_by_hop_headers_and_those_connection_names_stay_on_their_side(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
+) -> None:
+    worker = workers("w")
+    worker.reply_headers = {"Connection": "X-Worker-Hop", "X-Worker-Hop": "internal"}
+    router = routers(worker_urls=[worker.url])
+    resp = router.client.post(
+        "/generate",
+        json={"text": "hi"},
+        headers={
+            "Connection": "keep-alive, X-Client-Hop",
+            "X-Client-Hop": "secret",
+            "Keep-Alive": "timeout=5",
+            "Trailer": "X-Checksum",
+            "X-End-To-End": "kept",
+        },
+    )
+    assert resp.status_code == 200
+    seen = {k.lower() for k in worker.received[-1].headers}
+    assert not seen & {"x-client-hop", "keep-alive", "trailer"}
+    assert "x-end-to-end" in seen
+    assert "x-worker-hop" not in {k.lower() for k in resp.headers}
+
+
+def test_an_encoding_is_never_stripped_from_bytes_the_router_did_not_decode(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
+) -> None:
+    """Before: the router's HTTP client asked the worker for gzip whatever the client said,
+    and the compressed bytes went back without their Content-Encoding."""
+    worker = workers("w")
+    worker.gzip = True
+    router = routers(worker_urls=[worker.url])
+    plain = router.client.post(
+        "/generate", json={"text": "hi"}, headers={"Accept-Encoding": "identity"}
+    )
+    assert worker.received[-1].headers["Accept-Encoding"] == "identity"
+    assert "content-encoding" not in plain.headers
+    assert plain.json()["text"]  # readable as sent
+    zipped = router.client.post(
+        "/generate", json={"text": "hi"}, headers={"Accept-Encoding": "gzip"}
+    )
+    assert zipped.headers["content-encoding"] == "gzip"
+    assert zipped.json()["text"]  # httpx decodes it: the header came along
+    bare = httpx.post(
+        router.url + "/generate", json={"text": "hi"}, headers={"Accept-Encoding": ""}
+    )
+    assert bare.status_code == 200
+    assert "content-encoding" not in bare.headers
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"name": "lbgr", "params": {"alpha": NaN}}',
+        b'{"name": "lbgr", "params": {"margin_ms": Infinity}}',
+    ],
+)
+def test_put_policy_refuses_numbers_that_are_not_finite(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker], raw: bytes
+) -> None:
+    """Before: PUT /policy took alpha NaN, and GET /policy answered 500 from then on."""
+    router = routers(worker_urls=[workers("w").url])
+    resp = router.control.put("/policy", content=raw, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    assert "finite" in resp.json()["error"]["message"]
+    assert router.control.get("/policy").status_code == 200
+    spec = b'{"spec": {"kind": "ewmean", "params": {"p0": Infinity}}}'
+    json_header = {"Content-Type": "application/json"}
+    assert router.control.put("/models", content=spec, headers=json_header).status_code == 400
