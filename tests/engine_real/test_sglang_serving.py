@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import threading
 import time
 import urllib.request
@@ -28,7 +29,14 @@ from real_traffic import (
     send_all,
 )
 
-from kvroute.engine_launch import EngineCluster, EngineSpec, model_dir, vocab_size
+from kvroute.engine_launch import (
+    EngineCluster,
+    EngineSpec,
+    engine_env,
+    engine_python,
+    model_dir,
+    vocab_size,
+)
 from sim.workloads.gsp import GSPConfig, GSPWorkload
 
 POOL_TOKENS = 2400
@@ -105,6 +113,72 @@ def test_routing_never_changes_an_answer(cluster: EngineCluster) -> None:
         assert got == want
         assert want["completions"] == want["completions stream"]
         assert want["chat"] == want["chat stream"]
+
+
+HF_CHECK = r"""
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+path, prompts = sys.argv[1], json.loads(sys.argv[2])
+tok = AutoTokenizer.from_pretrained(path)
+model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+if prompts and isinstance(prompts[0], str):  # tokenize as the worker does
+    print(json.dumps([tok(p)["input_ids"] for p in prompts]))
+    sys.exit()
+out = []
+for ids, generated in prompts:  # teacher-forced on the worker's own answer
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + generated])).logits[0, len(ids) - 1 : -1]
+    best = logits.max(dim=-1).values
+    chosen = logits[torch.arange(len(generated)), torch.tensor(generated)]
+    spread = best - logits.min(dim=-1).values
+    out.append(((best - chosen) / spread).tolist())
+print(json.dumps(out))
+"""
+
+
+def _hf(*args: str) -> Any:
+    done = subprocess.run(
+        [str(engine_python("sglang")), "-c", HF_CHECK, str(model_dir()), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=engine_env("sglang"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_sglang_on_a_cpu_decodes_as_transformers_does(cluster: EngineCluster) -> None:
+    """Every token SGLang's CPU path (with kvroute's sgl_kernel stand-in) picks greedily is
+    transformers' argmax for the same model, teacher-forced on SGLang's answer.
+
+    Up to rounding: SGLang keeps the bf16 weights and KV cache and computes norms and logits
+    in float32, transformers runs in float32 here, and a random model's top logits nearly
+    tie, so a pick may differ from transformers' by a hair (a gap below 1% of that step's
+    logit range); a wrong KV slot or position would pick a token far down the ranking.
+    """
+    prompt_ids: list[list[int]] = _hf(json.dumps(PROMPTS))
+    answers = []
+    for ids in prompt_ids:
+        body = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True,
+        }
+        picks = [
+            [e[1] for e in post_json(url + "/generate", body)["meta_info"]["output_token_logprobs"]]
+            for url in cluster.worker_urls
+        ]
+        assert picks[0] == picks[1]
+        answers.append([ids, picks[0]])
+    gaps: list[list[float]] = _hf(json.dumps(answers))
+    exact = sum(g == 0 for row in gaps for g in row)
+    total = sum(len(row) for row in gaps)
+    print(f"\nSGLang's greedy picks that are transformers' exact argmax: {exact}/{total}")
+    for row in gaps:
+        assert row[0] == 0  # the prefill's token
+        assert max(row) < 0.01
+    assert exact >= 0.75 * total
 
 
 def _run(

@@ -4,8 +4,8 @@ SGLang 0.5.23 imports a module named ``sgl_kernel`` even when it serves on a CPU
 packages on PyPI (``sgl-kernel``, ``sglang-kernel``) hold CUDA libraries only. On a CPU
 without AMX (and not arm64) SGLang skips every native ``torch.ops.sgl_kernel.*`` operator and
 calls only the few module-level functions below, so this pure-torch module (written for
-kvroute's real-engine tier, tested against SGLang's own Triton definitions of the same
-operations) lets a CPU server run. ``scripts/real_engine_setup.sh`` copies it into the engine
+kvroute's real-engine tier) lets a CPU server run. tests/engine_real checks each function
+against its definition and SGLang's greedy answers against plain transformers'. ``scripts/real_engine_setup.sh`` copies it into the engine
 virtualenv only; it is never part of the kvroute package and is no use on a GPU.
 
 Every other name is a stand-in that raises when called, so a kernel that were really needed
