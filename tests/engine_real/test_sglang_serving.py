@@ -301,36 +301,47 @@ def _fmt(values: dict[str, float], digits: int = 3) -> str:
 
 
 def test_a_worker_killed_mid_run_loses_nothing(cluster: EngineCluster) -> None:
-    """SIGKILL one worker while requests are in flight: every request still gets its answer
-    (the router retries what never reached the client on the other worker)."""
-    router = cluster.start_router("kvroute", "lbgr")
+    """SIGKILL one worker while requests are in flight on it: every request still gets its
+    answer (the router retries what never reached the client on the other worker).
+
+    round_robin keeps sending to the dead worker until its health check fails, so both kinds
+    of failure are retried: the requests it was serving, and new ones it refuses.
+    """
+    router = cluster.start_router("kvroute", "round_robin")
+    victim = cluster.worker_urls[1]
     vocab = vocab_size(model_dir())
     config = GSPConfig(
         num_groups=8, prompts_per_group=10, prefix_ratio=0.8, total_lens=(200,), seed=1
     )
     bodies = gsp_bodies(config, vocab, max_new_tokens=32)
-    killed = threading.Event()
+    served_before = metric_totals(victim, COUNTERS)["sglang:num_requests_total"]
+    killed_after: list[float] = []
 
-    def kill_soon() -> None:
-        time.sleep(1.5)  # into the run: requests are in flight on both workers
-        cluster.kill_worker(1)
-        killed.set()
+    def kill_mid_run() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # polls the victim until it has served a few
+            served = metric_totals(victim, COUNTERS)["sglang:num_requests_total"]
+            if served - served_before >= 5:
+                cluster.kill_worker(1)
+                killed_after.append(served - served_before)
+                return
+            time.sleep(0.05)
 
-    killer = threading.Thread(target=kill_soon)
+    killer = threading.Thread(target=kill_mid_run)
     killer.start()
     started = time.perf_counter()
     answers = send_all(router + "/generate", bodies, concurrency=4)
     killer.join()
-    assert killed.is_set()
+    assert killed_after, "the victim never served 5 requests"
     assert cluster.alive() == [True, False]
     failed = [a for a in answers if not a.ok]
-    survivors = Counter(a.worker for a in answers)
+    by_worker = Counter(a.worker for a in answers)
     print(
-        f"\nkilled {cluster.specs[1].label} mid-run: {len(answers) - len(failed)}/"
-        f"{len(answers)} answered in {time.perf_counter() - started:.1f} s, by worker "
-        f"{dict(survivors)}"
+        f"\nkilled {cluster.specs[1].label} after it served {killed_after[0]:.0f}: "
+        f"{len(answers) - len(failed)}/{len(answers)} answered in "
+        f"{time.perf_counter() - started:.1f} s, by worker {dict(by_worker)}"
     )
     assert not failed, f"{len(failed)} lost, first: {failed[0].error}"
     assert all(a.body is not None and a.body["meta_info"]["completion_tokens"] for a in answers)
-    assert survivors[cluster.worker_urls[1]] >= 1, "the killed worker served nothing before"
-    assert survivors[cluster.worker_urls[0]] > survivors[cluster.worker_urls[1]]
+    assert by_worker[victim] < len(answers) / 2  # round_robin's half, less what failed over
+    assert by_worker[cluster.worker_urls[0]] + by_worker[victim] == len(answers)
