@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from river import base
 
+from kvroute.registry import Registry
 from models.base import Features
 from models.ewmean import EWMeanResidual
 from models.ratio import RatioResidual
-from models.registry import register_model
 from models.river_kinds import AdaptiveTreeResidual, ScaledLinearResidual
 
 __all__ = ["ZeroResidual", "register_builtins"]
@@ -31,9 +33,9 @@ class ZeroResidual(base.Regressor):
         pass
 
 
-def register_builtins() -> None:
-    register_model("ewmean", EWMeanResidual)
-    register_model("none", ZeroResidual)
-    register_model("linear", ScaledLinearResidual)
-    register_model("tree", AdaptiveTreeResidual)
-    register_model("ratio", RatioResidual)
+def register_builtins(registry: Registry[Any]) -> None:
+    registry.register("ewmean", EWMeanResidual)
+    registry.register("none", ZeroResidual)
+    registry.register("linear", ScaledLinearResidual)
+    registry.register("tree", AdaptiveTreeResidual)
+    registry.register("ratio", RatioResidual)

@@ -11,12 +11,13 @@ import inspect
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Any
 
+from kvroute.registry import Registry
 from models.base import ResidualModel
 
 __all__ = [
+    "REGISTRY",
     "ModelSpec",
     "ModelSpecError",
     "make_model",
@@ -26,9 +27,15 @@ __all__ = [
 ]
 
 ModelFactory = Callable[..., ResidualModel]
-_REGISTRY: dict[str, ModelFactory] = {}
-_ENTRY_POINT_GROUP = "kvroute.models"
-_LOADED = False  # built-ins and entry points registered (not "the registry is non-empty")
+
+
+def _builtins(registry: Registry[ModelFactory]) -> None:
+    from models.builtin import register_builtins
+
+    register_builtins(registry)
+
+
+REGISTRY: Registry[ModelFactory] = Registry("model kind", "kvroute.models", _builtins)
 
 
 class ModelSpecError(ValueError):
@@ -50,31 +57,11 @@ class ModelSpec:
 
 
 def register_model(kind: str, factory: ModelFactory) -> None:
-    # Load the built-ins first: a kind registered before the first lookup must not hide them.
-    _ensure_loaded()
-    if not kind or not kind.strip():
-        raise ValueError("model kind must not be blank")
-    if kind in _REGISTRY:
-        raise ValueError(f"model kind {kind!r} is already registered")
-    _REGISTRY[kind] = factory
-
-
-def _ensure_loaded() -> None:
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True  # first: the registrations below come back through register_model
-    from models.builtin import register_builtins
-
-    register_builtins()
-    for ep in entry_points(group=_ENTRY_POINT_GROUP):
-        if ep.name not in _REGISTRY:
-            register_model(ep.name, ep.load())
+    REGISTRY.register(kind, factory)
 
 
 def model_kinds() -> list[str]:
-    _ensure_loaded()
-    return sorted(_REGISTRY)
+    return REGISTRY.names()
 
 
 def parse_spec(spec: str | Mapping[str, Any] | ModelSpec) -> ModelSpec:
@@ -105,13 +92,11 @@ def parse_spec(spec: str | Mapping[str, Any] | ModelSpec) -> ModelSpec:
 
 def make_model(spec: str | Mapping[str, Any] | ModelSpec) -> ResidualModel:
     """Build a fresh model from a spec, or raise ModelSpecError naming the problem."""
-    _ensure_loaded()
     parsed = parse_spec(spec)
-    factory = _REGISTRY.get(parsed.kind)
-    if factory is None:
-        raise ModelSpecError(
-            f"unknown model kind {parsed.kind!r}; known: {', '.join(sorted(_REGISTRY))}"
-        )
+    try:
+        factory = REGISTRY.get(parsed.kind)
+    except ValueError as exc:
+        raise ModelSpecError(str(exc)) from None
     accepted = inspect.signature(factory).parameters
     bad = [p for p in parsed.params if p not in accepted]
     if bad:

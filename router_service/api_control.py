@@ -27,7 +27,8 @@ from router_service.api_schema import (
 )
 from router_service.errors import ServiceError
 from router_service.kv_events import allowed_source
-from router_service.routing import LBGRPolicy, RoutingPolicy, make_policy
+from router_service.routing import RoutingPolicy, make_policy
+from router_service.routing.policy import policy_factory
 from router_service.settings import Settings, normalize_worker_url
 from router_service.state import ServiceState
 
@@ -225,13 +226,14 @@ def forget_worker(state: ServiceState, url: str) -> None:
 def build_policy(
     settings: Settings, rng: random.Random, name: str, params: dict[str, Any]
 ) -> RoutingPolicy:
-    """A policy from the registry; lbgr defaults to the configured model and sharing."""
+    """A policy from the registry; one that says ``configurable_model`` gets the configured
+    residual model and sharing unless ``params`` name their own."""
     params = dict(params)
-    if name == "lbgr":
-        if settings.model is not None:
-            params.setdefault("model", settings.model)
-        params.setdefault("sharing", settings.model_sharing)
     try:
+        if getattr(policy_factory(name), "configurable_model", False):
+            if settings.model is not None:
+                params.setdefault("model", settings.model)
+            params.setdefault("sharing", settings.model_sharing)
         return make_policy(name, random.Random(rng.getrandbits(64)), **params)
     except (ValueError, ModelSpecError) as exc:
         field = "name" if "unknown policy" in str(exc) else "params"
@@ -249,9 +251,14 @@ async def put_policy(body: PolicyBody, request: Request) -> JSONResponse:
     """Switch policy at run time; requests in flight finish under the old one."""
     state = _state(request)
     policy = build_policy(state.settings, state.rng, body.name, body.params)
-    old = state.router.policy.models
-    if isinstance(policy, LBGRPolicy) and old is not None and "model" not in body.params:
-        policy.models = old  # keep what the residual models learned
+    old, new = state.router.policy.models, policy.models
+    if (
+        old is not None
+        and new is not None
+        and "model" not in body.params
+        and old.champion.spec == new.champion.spec
+    ):
+        policy.adopt_models(old)  # the same kind of model: keep what it learned
     state.router.set_policy(policy)
     state.policy_params = dict(body.params)
     return JSONResponse({"name": policy.name, "params": state.policy_params})

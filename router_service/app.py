@@ -41,7 +41,7 @@ from router_service.load_store import FallbackStore, RedisMirror, make_store
 from router_service.metrics import Metrics
 from router_service.model_snapshots import ModelSnapshots
 from router_service.proxy import forward
-from router_service.routing import HoldSettings, LBGRPolicy, Router
+from router_service.routing import HoldSettings, Router
 from router_service.routing.block_keys import BlockKeys
 from router_service.routing.block_sets import BlockSets
 from router_service.settings import Settings
@@ -175,11 +175,11 @@ def _drop_worker(state: ServiceState, url: str) -> None:
 
 async def _restore_models(state: ServiceState) -> None:
     policy = state.router.policy
-    if not isinstance(policy, LBGRPolicy):
+    if policy.models is None:  # a policy that learns nothing has nothing to restore
         return
     slot = await state.snapshots.restore()
     if slot is not None:
-        policy.models = slot
+        policy.adopt_models(slot)
         log.info("loaded model snapshot %s (version %s)", state.snapshots.source, slot.version)
 
 

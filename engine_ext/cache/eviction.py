@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Protocol
+
+from kvroute.registry import Registry
 
 if TYPE_CHECKING:
     from engine_ext.cache.node import RadixNode
     from engine_ext.cache.radix import RadixCache
 
 __all__ = [
+    "REGISTRY",
     "EvictionPolicy",
     "EvictionPolicyFactory",
     "eviction_policy_names",
@@ -46,42 +48,27 @@ class EvictionPolicy(Protocol):
 
 EvictionPolicyFactory = Callable[["RadixCache", random.Random], EvictionPolicy]
 
-_REGISTRY: dict[str, EvictionPolicyFactory] = {}
-_ENTRY_POINT_GROUP = "kvroute.eviction_policies"
+def _builtins(registry: Registry[EvictionPolicyFactory]) -> None:
+    from engine_ext.cache.lru import LRUEviction
+    from engine_ext.cache.rlt import RLTEviction
+
+    registry.register("lru", LRUEviction)
+    registry.register("rlt", RLTEviction)
+
+
+REGISTRY: Registry[EvictionPolicyFactory] = Registry(
+    "eviction policy", "kvroute.eviction_policies", _builtins
+)
 
 
 def register_eviction_policy(name: str, factory: EvictionPolicyFactory) -> None:
     """Add a policy under ``name``; blank or taken names are refused."""
-    if not name or not name.strip():
-        raise ValueError("eviction policy name must not be blank")
-    if name in _REGISTRY:
-        raise ValueError(f"eviction policy {name!r} is already registered")
-    _REGISTRY[name] = factory
-
-
-def _load_builtins_and_plugins() -> None:
-    if "lru" not in _REGISTRY:
-        from engine_ext.cache.lru import LRUEviction
-        from engine_ext.cache.rlt import RLTEviction
-
-        register_eviction_policy("lru", LRUEviction)
-        register_eviction_policy("rlt", RLTEviction)
-        for ep in entry_points(group=_ENTRY_POINT_GROUP):
-            if ep.name not in _REGISTRY:
-                register_eviction_policy(ep.name, ep.load())
+    REGISTRY.register(name, factory)
 
 
 def eviction_policy_names() -> list[str]:
-    _load_builtins_and_plugins()
-    return sorted(_REGISTRY)
+    return REGISTRY.names()
 
 
 def make_eviction_policy(name: str, cache: RadixCache, rng: random.Random) -> EvictionPolicy:
-    _load_builtins_and_plugins()
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown eviction policy {name!r}; known: {', '.join(sorted(_REGISTRY))}"
-        ) from None
-    return factory(cache, rng)
+    return REGISTRY.get(name)(cache, rng)

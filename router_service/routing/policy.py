@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any, Protocol
 
+from kvroute.registry import Registry
 from models import ModelSlot
 from router_service.routing.types import (
     Candidate,
@@ -21,6 +21,7 @@ from router_service.routing.types import (
 
 __all__ = [
     "PAPER_INDEX",
+    "REGISTRY",
     "SGLANG_INDEX",
     "IndexSettings",
     "RoutingPolicy",
@@ -28,6 +29,7 @@ __all__ = [
     "ineligible_candidate",
     "make_policy",
     "number",
+    "policy_factory",
     "policy_names",
     "register_policy",
 ]
@@ -72,43 +74,41 @@ class RoutingPolicy(Protocol):
     def forget_worker(self, url: str) -> None:
         """The worker left the fleet: drop any state kept for it."""
 
+    def adopt_models(self, slot: ModelSlot) -> None:
+        """Route with ``slot``'s residual models from now on (a snapshot restored, or the
+        models a swapped-out policy learned); a policy without models ignores it."""
+
 
 PolicyFactory = Callable[..., RoutingPolicy]
-_REGISTRY: dict[str, PolicyFactory] = {}
-_ENTRY_POINT_GROUP = "kvroute.policies"
+
+
+def _builtins(registry: Registry[PolicyFactory]) -> None:
+    from router_service.routing.policies import register_builtins
+
+    register_builtins(registry)
+
+
+REGISTRY: Registry[PolicyFactory] = Registry("policy", "kvroute.policies", _builtins)
 
 
 def register_policy(name: str, factory: PolicyFactory) -> None:
-    """Add a policy; ``factory(rng=random.Random, **params)`` builds it."""
-    if not name or not name.strip():
-        raise ValueError("policy name must not be blank")
-    if name in _REGISTRY:
-        raise ValueError(f"policy {name!r} is already registered")
-    _REGISTRY[name] = factory
-
-
-def _ensure_loaded() -> None:
-    if _REGISTRY:
-        return
-    from router_service.routing.policies import register_builtins
-
-    register_builtins()
-    for ep in entry_points(group=_ENTRY_POINT_GROUP):
-        if ep.name not in _REGISTRY:
-            register_policy(ep.name, ep.load())
+    """Add a policy; ``factory(rng=random.Random, **params)`` builds it. A factory may say
+    ``configurable_model = True``: it takes the router's configured residual ``model`` and
+    ``sharing`` (``--model``, ``KVROUTE_MODEL``)."""
+    REGISTRY.register(name, factory)
 
 
 def policy_names() -> list[str]:
-    _ensure_loaded()
-    return sorted(_REGISTRY)
+    return REGISTRY.names()
+
+
+def policy_factory(name: str) -> PolicyFactory:
+    return REGISTRY.get(name)
 
 
 def make_policy(name: str, rng: random.Random | None = None, **params: Any) -> RoutingPolicy:
     """Build a registered policy; unknown names and parameters fail with what is accepted."""
-    _ensure_loaded()
-    factory = _REGISTRY.get(name)
-    if factory is None:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    factory = REGISTRY.get(name)
     try:
         return factory(rng=rng if rng is not None else random.Random(0), **params)
     except TypeError as exc:

@@ -294,12 +294,14 @@ def test_eviction_registry_refuses_blank_and_duplicate_names(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert {"lru", "rlt"} <= set(eviction_policy_names())
-    monkeypatch.setattr(eviction_module, "_REGISTRY", dict(eviction_module._REGISTRY))
+    monkeypatch.setattr(
+        eviction_module.REGISTRY, "_factories", dict(eviction_module.REGISTRY._factories)
+    )
     for blank in ("", "   "):
         with pytest.raises(ValueError, match="blank"):
-            register_eviction_policy(blank, eviction_module._REGISTRY["lru"])
+            register_eviction_policy(blank, eviction_module.REGISTRY.get("lru"))
     with pytest.raises(ValueError, match="already registered"):
-        register_eviction_policy("lru", eviction_module._REGISTRY["lru"])
+        register_eviction_policy("lru", eviction_module.REGISTRY.get("lru"))
     with pytest.raises(ValueError, match="unknown eviction policy 'fifo'; known: ") as info:
         make_eviction_policy("fifo", RadixCache(4), random.Random(0))
     assert "lru" in str(info.value)

@@ -38,5 +38,5 @@ def scratch_registry() -> Iterator[None]:
     """Kinds registered inside the block are gone after it (the built-ins stay)."""
     registry.model_kinds()  # load the built-ins and entry points into the real registry first
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+        mp.setattr(registry.REGISTRY, "_factories", dict(registry.REGISTRY._factories))
         yield

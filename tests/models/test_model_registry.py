@@ -101,7 +101,9 @@ def test_parse_errors_are_model_spec_errors(spec: Any, needle: str) -> None:
 def test_blank_and_duplicate_registration_refused() -> None:
     model_kinds()  # built-ins loaded before the copy
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+        mp.setattr(
+            registry_module.REGISTRY, "_factories", dict(registry_module.REGISTRY._factories)
+        )
         for blank in ("", "   "):
             with pytest.raises(ValueError, match="must not be blank"):
                 register_model(blank, ZeroResidual)
@@ -113,11 +115,18 @@ def test_blank_and_duplicate_registration_refused() -> None:
     assert "zero2" not in model_kinds()
 
 
+def _fresh(monkeypatch: pytest.MonkeyPatch, entry_points: Any) -> None:
+    """The model registry as at start-up (nothing loaded), with these entry points."""
+    import kvroute.registry
+
+    monkeypatch.setattr(registry_module.REGISTRY, "_factories", {})
+    monkeypatch.setattr(registry_module.REGISTRY, "_loaded", False)
+    monkeypatch.setattr(kvroute.registry, "entry_points", entry_points)
+
+
 def test_registering_first_does_not_hide_the_builtins(monkeypatch: pytest.MonkeyPatch) -> None:
     """A third party that registers before the first lookup still gets the built-ins."""
-    monkeypatch.setattr(registry_module, "_REGISTRY", {})
-    monkeypatch.setattr(registry_module, "_LOADED", False)
-    monkeypatch.setattr(registry_module, "entry_points", lambda group: [])
+    _fresh(monkeypatch, lambda group: [])
     register_model("mine", ZeroResidual)
     assert {"ewmean", "linear", "mine", "none", "tree"} <= set(model_kinds())
 
@@ -132,9 +141,7 @@ def test_entry_points_add_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
             SimpleNamespace(name="ewmean", load=lambda: ZeroResidual),  # built-in wins
         ]
 
-    monkeypatch.setattr(registry_module, "_REGISTRY", {})
-    monkeypatch.setattr(registry_module, "_LOADED", False)
-    monkeypatch.setattr(registry_module, "entry_points", entry_points)
+    _fresh(monkeypatch, entry_points)
     assert "plugged" in model_kinds()
     assert seen == ["kvroute.models"]
     assert isinstance(make_model("plugged"), ZeroResidual)

@@ -1,5 +1,8 @@
 """Built-in routing policies."""
 
+from typing import Any
+
+from kvroute.registry import Registry
 from router_service.routing.policies.basic import PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy
 from router_service.routing.policies.cache_aware import (
     CACHE_AWARE_PRESETS,
@@ -20,12 +23,10 @@ __all__ = [
 ]
 
 
-def register_builtins() -> None:
-    from router_service.routing.policy import register_policy
-
-    register_policy("random", RandomPolicy)
-    register_policy("round_robin", RoundRobinPolicy)
-    register_policy("power_of_two", PowerOfTwoPolicy)
-    register_policy("cache_aware", CacheAwarePolicy)
-    register_policy("lbgr", LBGRPolicy)
-    register_policy("lbgr_paper", lbgr_paper)
+def register_builtins(registry: Registry[Any]) -> None:
+    registry.register("random", RandomPolicy)
+    registry.register("round_robin", RoundRobinPolicy)
+    registry.register("power_of_two", PowerOfTwoPolicy)
+    registry.register("cache_aware", CacheAwarePolicy)
+    registry.register("lbgr", LBGRPolicy)
+    registry.register("lbgr_paper", lbgr_paper)

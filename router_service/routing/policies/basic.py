@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from models import ModelSlot
 from router_service.routing.policy import SGLANG_INDEX, eligible, ineligible_candidate
 from router_service.routing.types import (
     Candidate,
@@ -30,6 +31,9 @@ def _plain(workers: Sequence[WorkerSnapshot], *, with_load: bool = False) -> tup
 class _Stateless:
     index_settings = SGLANG_INDEX
     models = None
+
+    def adopt_models(self, slot: ModelSlot) -> None:
+        pass  # nothing learned here
 
     def commit(self, decision: Decision) -> None:
         pass

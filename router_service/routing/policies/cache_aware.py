@@ -24,6 +24,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from models import ModelSlot
 from router_service.routing.policy import (
     PAPER_INDEX,
     SGLANG_INDEX,
@@ -66,6 +67,9 @@ class CacheAwarePolicy:
 
     name = "cache_aware"
     models = None
+
+    def adopt_models(self, slot: ModelSlot) -> None:
+        pass  # nothing learned here
 
     def __init__(
         self,

@@ -79,6 +79,7 @@ class LBGRPolicy:
 
     name = "lbgr"
     index_settings = PAPER_INDEX
+    configurable_model = True  # takes the router's --model / KVROUTE_MODEL
 
     def __init__(
         self,
@@ -226,6 +227,9 @@ class LBGRPolicy:
 
     def forget_worker(self, url: str) -> None:
         self.models.forget_worker(url)
+
+    def adopt_models(self, slot: ModelSlot) -> None:
+        self.models = slot
 
 
 def lbgr_paper(rng: random.Random, **params: Any) -> LBGRPolicy:

@@ -157,7 +157,9 @@ class Exploding:
 
 def test_a_model_raising_in_predict_does_not_stop_decide(monkeypatch: pytest.MonkeyPatch) -> None:
     model_registry.model_kinds()
-    monkeypatch.setattr(model_registry, "_REGISTRY", dict(model_registry._REGISTRY))
+    monkeypatch.setattr(
+        model_registry.REGISTRY, "_factories", dict(model_registry.REGISTRY._factories)
+    )
     model_registry.register_model("exploding", Exploding)
     policy = lbgr(model="exploding")
     router = Router(policy)

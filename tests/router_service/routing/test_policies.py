@@ -52,7 +52,9 @@ def test_builtin_policies_are_registered() -> None:
 
 def test_registry_refuses_blank_and_duplicate_names(monkeypatch: pytest.MonkeyPatch) -> None:
     policy_names()  # load the built-ins first
-    monkeypatch.setattr(policy_module, "_REGISTRY", dict(policy_module._REGISTRY))
+    monkeypatch.setattr(
+        policy_module.REGISTRY, "_factories", dict(policy_module.REGISTRY._factories)
+    )
     for blank in ("", "  "):
         with pytest.raises(ValueError, match="blank"):
             register_policy(blank, RoundRobinPolicy)
@@ -60,6 +62,21 @@ def test_registry_refuses_blank_and_duplicate_names(monkeypatch: pytest.MonkeyPa
         register_policy("random", RoundRobinPolicy)
     register_policy("my_rr", RoundRobinPolicy)
     assert make_policy("my_rr").name == "round_robin"
+
+
+def test_a_policy_registered_before_the_first_lookup_does_not_hide_the_builtins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bug: the registry loaded its built-ins only while empty, so a plugin registered
+    first hid them (make_policy("round_robin") failed with "known: my_rr")."""
+    import kvroute.registry
+
+    monkeypatch.setattr(policy_module.REGISTRY, "_factories", {})
+    monkeypatch.setattr(policy_module.REGISTRY, "_loaded", False)
+    monkeypatch.setattr(kvroute.registry, "entry_points", lambda group: [])
+    register_policy("my_rr", RoundRobinPolicy)
+    assert make_policy("round_robin").name == "round_robin"
+    assert {"my_rr", "round_robin", "lbgr", "lbgr_paper"} <= set(policy_names())
 
 
 def test_unknown_policy_lists_the_known_ones() -> None:
