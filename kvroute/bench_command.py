@@ -172,15 +172,15 @@ def unreachable(url: str, timeout_s: float = 5.0) -> str | None:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not args.url.startswith(("http://", "https://")):
         parser.error(f"--url must start with http:// or https://, got {args.url!r}")
+    from kvroute.sim_command import load_workload
+
+    workload = list(load_workload(args, parser))  # bad flags and files first: no network
     why = unreachable(args.url)
     if why is not None:
         parser.error(
             f"cannot reach {args.url}: {why}; is a router (kvroute serve, kvroute cluster) or "
             "a worker listening there?"
         )
-    from kvroute.sim_command import load_workload
-
-    workload = list(load_workload(args, parser))
     summary = asyncio.run(run_async(args, workload))
     if args.out:
         with open(args.out, "w") as fh:
