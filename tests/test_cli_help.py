@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import socket
 import subprocess
@@ -21,10 +22,16 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return dict(action.choices)
 
 
+@functools.cache
+def full_parser() -> argparse.ArgumentParser:
+    """Every subcommand's flags (built once: each build imports and walks them all)."""
+    return build_parser()
+
+
 def flags() -> list[tuple[str, argparse.Action]]:
     return [
         (name, action)
-        for name, sub in subcommands(build_parser()).items()
+        for name, sub in subcommands(full_parser()).items()
         for action in sub._actions
         if action.option_strings and not isinstance(action, argparse._HelpAction)
     ]
@@ -76,7 +83,7 @@ def test_every_flag_has_a_help_line_that_gives_its_default(
         # argparse cannot show "nothing": the text must say what happens without the flag.
         assert "default" in action.help, f"kvroute {command} {flag}: say what its default is"
     if not off:  # the line help prints, as argparse expands it
-        shown = subcommands(build_parser())[command]._get_formatter()._expand_help(action)
+        shown = subcommands(full_parser())[command]._get_formatter()._expand_help(action)
         assert "default" in shown, f"kvroute {command} {flag}: {shown!r}"
 
 
