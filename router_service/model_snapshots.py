@@ -19,11 +19,11 @@ import asyncio
 import logging
 from pathlib import Path
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from models import ModelSlot
 from models.persistence import SnapshotError, dumps, load, loads, save
+from router_service.redis_client import RedisClient, key_prefix
 
 __all__ = ["ModelSnapshots"]
 
@@ -34,14 +34,14 @@ class ModelSnapshots:
     def __init__(
         self,
         path: Path | None,
-        client: aioredis.Redis | None,
+        client: RedisClient | None,
         cluster: str,
         replica_id: str,
         key: bytes | None,
     ) -> None:
         self.path = path
         self.client = client
-        self.prefix = f"kvroute:{cluster}:models:"
+        self.prefix = key_prefix(cluster) + "models:"  # both keys in one Redis Cluster slot
         self.replica_id = replica_id
         self.key = key
         self.saved = 0
@@ -82,7 +82,8 @@ class ModelSnapshots:
         if self.client is None:
             return None
         try:
-            data = await asyncio.wait_for(self.client.get(self.prefix + "latest"), 2.0)
+            # Once, at start-up, before serving: worth waiting for a loaded Redis.
+            data = await asyncio.wait_for(self.client.get(self.prefix + "latest"), 10.0)
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("no model snapshot from Redis: %s", exc)
             return None
