@@ -26,13 +26,13 @@ from router_service.api_schema import (
     errors,
 )
 from router_service.errors import ServiceError
-from router_service.kv_events import allowed_source
+from router_service.kv_events import EventSource, allowed_source
 from router_service.routing import RoutingPolicy, make_policy
 from router_service.routing.policy import policy_factory
 from router_service.settings import Settings, normalize_worker_url
 from router_service.state import ServiceState
 
-__all__ = ["build_policy", "is_admin", "router"]
+__all__ = ["build_policy", "is_admin", "register_worker", "router", "unregister_worker"]
 
 
 def _state(request: Request) -> ServiceState:
@@ -173,12 +173,7 @@ async def add_worker(body: WorkerBody, request: Request) -> JSONResponse:
             409, f"worker {url} is already registered", field="url", error_type="conflict"
         )
     source = allowed_source(state.settings, body.kv_events) if body.kv_events else None
-    state.pool.add(url)
-    if source is not None and state.kv_feed is not None:
-        state.kv_feed.add(url, source)
-    await state.pool.check(url)
-    if state.index_sync is not None:
-        state.index_sync.publish_worker(url, added=True)
+    await register_worker(state, url, source)
     return JSONResponse(_worker_view(state, url), status_code=201)
 
 
@@ -202,11 +197,29 @@ async def remove_worker(request: Request, url: str | None = None) -> JSONRespons
         raise ServiceError(
             404, f"worker {url} is not registered", field="url", error_type="not_found"
         )
+    await unregister_worker(state, url)
+    return JSONResponse({"removed": url, "workers": state.pool.urls()})
+
+
+async def register_worker(state: ServiceState, url: str, source: EventSource | None = None) -> None:
+    """Register ``url`` (normalized, allowed, not registered yet: the caller checked), with
+    its KV-event source if any, health-check it and tell the other replicas. ``POST
+    /workers`` and DNS discovery (``router_service.discovery``) both add workers here."""
+    state.pool.add(url)
+    if source is not None and state.kv_feed is not None:
+        state.kv_feed.add(url, source)
+    await state.pool.check(url)
+    if state.index_sync is not None:
+        state.index_sync.publish_worker(url, added=True)
+
+
+async def unregister_worker(state: ServiceState, url: str) -> None:
+    """Remove a registered worker everywhere: here, its shared load, the other replicas
+    (``DELETE /workers`` and DNS discovery)."""
     forget_worker(state, url)
     await state.store.remove(url)
     if state.index_sync is not None:
         state.index_sync.publish_worker(url, added=False)
-    return JSONResponse({"removed": url, "workers": state.pool.urls()})
 
 
 def forget_worker(state: ServiceState, url: str) -> None:

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import aiohttp
-import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -26,13 +25,19 @@ from starlette.types import Receive, Scope, Send
 
 from kvroute import __version__
 from router_service.admission import Admission
-from router_service.api_control import build_policy, forget_worker
+from router_service.api_control import (
+    build_policy,
+    forget_worker,
+    register_worker,
+    unregister_worker,
+)
 from router_service.api_control import router as control_router
 from router_service.api_data import DATA_PLANE
 from router_service.api_data import router as data_router
 from router_service.api_schema import install_openapi
 from router_service.breaker import BreakerSettings
 from router_service.decisions import DecisionLog
+from router_service.discovery import WorkerDiscovery, event_source_for
 from router_service.dispatch import DispatchQueue
 from router_service.errors import ServiceError, error_response, internal_error_response
 from router_service.index_sync import IndexSync
@@ -41,6 +46,7 @@ from router_service.load_store import FallbackStore, RedisMirror, make_store
 from router_service.metrics import Metrics
 from router_service.model_snapshots import ModelSnapshots
 from router_service.proxy import forward
+from router_service.redis_client import connect
 from router_service.routing import HoldSettings, Router
 from router_service.routing.block_keys import BlockKeys
 from router_service.routing.block_sets import BlockSets
@@ -113,6 +119,9 @@ def _build_state(settings: Settings) -> ServiceState:
     state.kv_feed = feed_from_settings(settings, state.router.blocks, state.now_ms)
     state.metrics.registry.register(state.kv_feed.collector())
     state.tokenizer = load_tokenizer(settings.tokenizer)
+    if settings.worker_dns is not None:
+        state.discovery = _discovery(state, settings.worker_dns)
+        state.metrics.registry.register(state.discovery.collector())
     hold = HoldSettings(
         slots=settings.queue_slots,
         max_wait_ms=settings.queue_max_wait_s * 1000.0,
@@ -136,9 +145,7 @@ def _build_state(settings: Settings) -> ServiceState:
     if settings.redis_url:
         # Separate from the load store's client: XREAD blocks for a second and snapshots are
         # large, far beyond the load store's millisecond timeouts.
-        redis = aioredis.Redis.from_url(
-            settings.redis_url, socket_timeout=5.0, socket_connect_timeout=1.0
-        )
+        redis = connect(settings.redis_url, socket_timeout=5.0, socket_connect_timeout=1.0)
     state.snapshots = ModelSnapshots(
         settings.model_snapshot_path,
         redis,
@@ -158,6 +165,26 @@ def _build_state(settings: Settings) -> ServiceState:
             accept_worker=lambda url: settings.accepted_worker(url, state.own_ports()),
         )
     return state
+
+
+def _discovery(state: ServiceState, target: str) -> WorkerDiscovery:
+    """Workers from the headless Service's DNS name, added and removed as POST and DELETE
+    /workers do (the allow-list included)."""
+    settings = state.settings
+    events = settings.worker_dns_kv_events
+
+    async def register(url: str) -> None:
+        source = event_source_for(events, url) if events is not None else None
+        await register_worker(state, url, source)
+
+    return WorkerDiscovery(
+        target,
+        register=register,
+        unregister=lambda url: unregister_worker(state, url),
+        registered=lambda: state.pool.workers.keys(),
+        accept=lambda url: settings.accepted_worker(url, state.own_ports()),
+        static=settings.worker_urls,
+    )
 
 
 def _adopt_worker(state: ServiceState, url: str) -> None:
@@ -209,6 +236,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state.session = aiohttp.ClientSession(
         connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
     )
+    if state.discovery is not None:  # the workers the Service has now, before serving
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(state.discovery.refresh(), settings.health_timeout_s + 5.0)
     await state.store.start(state.pool.urls())  # with Redis: the loads copied before serving
     await _restore_models(state)
     await asyncio.wait_for(state.pool.check_all(), settings.health_timeout_s + 1.0)
@@ -226,6 +256,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         tasks.append(
             asyncio.create_task(
                 state.worker_load.run(healthy, settings.worker_metrics_s), name="worker-metrics"
+            )
+        )
+    if state.discovery is not None:
+        tasks.append(
+            asyncio.create_task(
+                state.discovery.run(settings.worker_dns_interval_s), name="discovery"
             )
         )
     if state.queue is not None:

@@ -38,10 +38,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
+from router_service.redis_client import RedisClient, key_prefix
 from router_service.routing import Router
 from router_service.routing.block_keys import (
     CHARS_PER_BLOCK,
@@ -121,7 +121,7 @@ class IndexSync:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         cluster: str,
         replica_id: str,
         router: Router,
@@ -134,7 +134,7 @@ class IndexSync:
         coalesce_s: float = 0.005,
     ) -> None:
         self.client = client
-        self.stream = f"kvroute:{cluster}:index"
+        self.stream = key_prefix(cluster) + "index"
         self.replica_id = replica_id
         # Events are tagged with this process's own origin, not just the replica id: a replica
         # restarted under the same id must replay what its previous life published.

@@ -6,8 +6,9 @@ ms per worker that decays by 31/32 every 20 ms, reservations and decayed-remaind
 - ``EmbeddedStore``: in process, one replica, no set-up.
 - ``RedisStore``: shared by all replicas. Every operation is one Lua script run atomically on
   the server, on the server's clock (``TIME``), so replicas with skewed clocks agree. Keys are
-  ``kvroute:{cluster}:load:{worker}`` hashes ``{v, t}`` (value, tick); they expire after an
-  hour idle, and no prompt text is ever written.
+  ``kvroute:{cluster}:load:{worker}`` hashes ``{v, t}`` (value, tick; the braces are literal,
+  a Redis Cluster hash tag: ``redis_client.key_prefix``); they expire after an hour idle, and
+  no prompt text is ever written.
 - ``RedisMirror``: the same keys and scripts' semantics without a round trip per operation:
   decisions read a local copy, writes leave in batches (the service's default,
   ``load_sync_ms`` 5; 0 uses ``RedisStore`` directly).
@@ -27,9 +28,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from router_service.redis_client import RedisClient, connect, drop_connections, key_prefix
 from router_service.routing.load import DECAY_FACTOR, DECAY_TICK_MS, EmbeddedLoadStore, decayed
 
 __all__ = [
@@ -177,9 +178,9 @@ class RedisStore:
 
     mode = "redis"
 
-    def __init__(self, client: aioredis.Redis, cluster: str) -> None:
+    def __init__(self, client: RedisClient, cluster: str) -> None:
         self.client = client
-        self.prefix = f"kvroute:{cluster}:load:"
+        self.prefix = key_prefix(cluster) + "load:"  # one hash slot: the scripts' keys too
         self._read = client.register_script(_READ)
         self._reserve = client.register_script(_RESERVE)
         self._release = client.register_script(_RELEASE)
@@ -707,7 +708,7 @@ class FallbackStore:
             try:
                 # Connections pooled before the outage are dead: drop them all, or the first
                 # operations after the restart fail on them and degrade the store again.
-                await self.redis.client.connection_pool.disconnect()
+                await drop_connections(self.redis.client)
                 # A restarted Redis has lost the scripts: reload them before traffic returns.
                 await asyncio.wait_for(self.backend.start(), max(self.timeout_s, 0.5))
                 if isinstance(self.backend, RedisMirror):
@@ -788,7 +789,7 @@ def make_store(
 ) -> LoadStore:
     if not redis_url:
         return EmbeddedStore(time_scale)
-    client = aioredis.Redis.from_url(
+    client = connect(
         redis_url,
         socket_connect_timeout=max(timeout_ms / 1000.0, 0.2),
         socket_timeout=max(timeout_ms / 1000.0, 0.2),

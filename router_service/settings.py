@@ -19,6 +19,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from models.persistence import MIN_KEY_BYTES
+from router_service.redis_client import parse_redis_url, redact_redis_url
 
 __all__ = ["Settings", "SettingsError", "load_settings", "normalize_worker_url"]
 
@@ -176,6 +177,54 @@ class Settings(BaseSettings):
     kv_events_max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     # A local Hugging Face tokenizer directory: route on token ids (router_service.tokenizer).
     tokenizer: Path | None = None
+    # Workers from DNS (router_service.discovery): http://NAME:PORT, a headless Service's name;
+    # every address NAME resolves to is a worker at PORT, looked up every interval. They pass
+    # the allow-list like POST /workers (allowed_worker_networks: the pods' network).
+    worker_dns: str | None = None
+    worker_dns_interval_s: float = Field(5.0, gt=0)
+    # The discovered workers' KV events, * standing for a worker's address:
+    # "tcp://*:5557,tcp://*:5558" (the ports of SGLang's --kv-events-config).
+    worker_dns_kv_events: str | None = None
+
+    @field_validator("cluster")
+    @classmethod
+    def _check_cluster(cls, value: str) -> str:
+        if not value.strip() or "{" in value or "}" in value:
+            raise ValueError(
+                "cluster must be a non-empty name without braces: shared keys are "
+                "kvroute:{cluster}:..., the braces a Redis Cluster hash tag"
+            )
+        return value
+
+    @field_validator("worker_dns")
+    @classmethod
+    def _check_worker_dns(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        url = normalize_worker_url(value)
+        if urlsplit(url).port is None:
+            raise ValueError(f"worker_dns needs the workers' port: http://NAME:PORT, got {value!r}")
+        return url
+
+    @model_validator(mode="after")
+    def _check_worker_dns_events(self) -> Settings:
+        template = self.worker_dns_kv_events
+        if template is None:
+            return self
+        if self.worker_dns is None:
+            raise ValueError("worker_dns_kv_events needs worker_dns")
+        from router_service.kv_events import parse_source
+
+        if "*" not in template:
+            raise ValueError(
+                "worker_dns_kv_events: write * for the worker's address, e.g. "
+                "tcp://*:5557,tcp://*:5558"
+            )
+        try:
+            parse_source(template.replace("*", "127.0.0.1"))
+        except ValueError as exc:
+            raise ValueError(f"worker_dns_kv_events: {exc}") from None
+        return self
 
     @field_validator("worker_kv_events", mode="before")
     @classmethod
@@ -254,8 +303,8 @@ class Settings(BaseSettings):
     def _refused_ports(self) -> set[int]:
         ports = set(_REFUSED_PORTS)
         ports.update(p for p in (self.port, self.control_port_to_bind) if p)
-        if self.redis_url and urlsplit(self.redis_url).scheme != "unix":
-            ports.add(urlsplit(self.redis_url).port or 6379)
+        if self.redis_url:
+            ports.update(parse_redis_url(self.redis_url).ports)
         return ports
 
     def accepted_worker(self, url: str, refused_ports: Collection[int] = ()) -> str | None:
@@ -284,8 +333,8 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _check_redis(cls, value: str | None) -> str | None:
-        if value is not None and urlsplit(value).scheme not in ("redis", "rediss", "unix"):
-            raise ValueError("redis_url must start with redis://, rediss:// or unix://")
+        if value is not None:
+            parse_redis_url(value)  # one server, a Redis Cluster or Sentinel's; else why not
         return value
 
     @property
@@ -355,8 +404,7 @@ class Settings(BaseSettings):
         data["admin_token"] = "***" if self.admin_token else None
         data["model_snapshot_key"] = "***" if self.model_snapshot_key else None
         if self.redis_url:
-            parts = urlsplit(self.redis_url)
-            data["redis_url"] = self.redis_url.replace(parts.password or "\0", "***")
+            data["redis_url"] = redact_redis_url(self.redis_url)
         return data
 
 

@@ -14,6 +14,7 @@ import aiohttp
 from models import ModelSlot
 from router_service.admission import Admission
 from router_service.decisions import DecisionLog
+from router_service.discovery import WorkerDiscovery
 from router_service.dispatch import DispatchQueue
 from router_service.index_sync import IndexSync
 from router_service.kv_events import KVEventFeed
@@ -58,6 +59,7 @@ class ServiceState:
     control_port: int | None = None  # the control listener's port, once bound
 
     data_port: int | None = None  # the data listener's port, once bound
+    discovery: WorkerDiscovery | None = None  # workers from DNS (settings.worker_dns)
 
     @property
     def trusted_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:

@@ -239,7 +239,7 @@ def test_f2_a_pickle_planted_in_redis_never_runs(
     marker = tmp_path / "pwned"
     client = redis.Redis.from_url(redis_server.url)
     try:
-        client.set(f"kvroute:{cluster_name}:models:latest", _planted(marker))
+        client.set(f"kvroute:{{{cluster_name}}}:models:latest", _planted(marker))
     finally:
         client.close()
     worker = FakeWorker("w").start()
@@ -351,7 +351,7 @@ def test_f4_workers_from_the_index_stream_pass_the_allow_list_and_bad_entries_ar
     good while /health said "ok"."""
     good = workers("good")
     router = routers(worker_urls=[good.url], redis_url=redis_server.url, cluster=cluster_name)
-    stream = f"kvroute:{cluster_name}:index"
+    stream = f"kvroute:{{{cluster_name}}}:index"
     planted = [
         {"r": "evil", "o": "a", "w": "http://169.254.169.254:80", "d": b"", "t": "1"},
         {"r": "evil", "o": "a", "w": "gopher://127.0.0.1:6379/_FLUSHALL", "d": b"", "t": "1"},

@@ -324,7 +324,7 @@ def test_fallback_with_the_mirror_survives_an_outage_and_reconnects(
             await store.close()
 
     run(body)
-    assert own_redis.exists(f"kvroute:{cluster_name}:load:{W}") == 1
+    assert own_redis.exists(f"kvroute:{{{cluster_name}}}:load:{W}") == 1
 
 
 def test_remove_forgets_the_worker_everywhere(redis_server: RedisServer, cluster_name: str) -> None:

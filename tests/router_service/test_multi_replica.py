@@ -177,7 +177,7 @@ def test_without_index_sync_replicas_share_load_but_not_the_index(
     time.sleep(0.5)  # several times the lag the synced replicas keep
     assert set(_cached(b, prompt).values()) == {0}
     assert _health(b)["index_sync"] is None
-    assert redis_client.exists(f"kvroute:{cluster_name}:index") == 0
+    assert redis_client.exists(f"kvroute:{{{cluster_name}}}:index") == 0
     # Load is still shared (test_load_reserved_on_one_replica_shows_in_the_others runs with
     # index sync off too).
     assert _health(b)["store"]["mode"] == "redis"
@@ -444,7 +444,7 @@ def test_redis_restart_keeps_routing_and_index_sync_resumes(
         assert _queue(router) == pytest.approx(dict.fromkeys(urls, 0.0), abs=1e-6)
     client = redis.Redis.from_url(own_redis.url)
     try:
-        assert client.exists(f"kvroute:{a.settings.cluster}:index") == 1
+        assert client.exists(f"kvroute:{{{a.settings.cluster}}}:index") == 1
     finally:
         client.close()
     # Load is shared through the restarted Redis again: both replicas sync their loads with it.
@@ -477,10 +477,10 @@ def test_new_replica_warm_starts_index_from_the_stream_and_models_from_redis(
         routed[prompt] = _route(a, prompt)
     samples_a = a.control.get("/models").json()["models"]["champion"]["samples"]
     assert samples_a == 12
-    key = f"kvroute:{cluster_name}:models:latest"
+    key = f"kvroute:{{{cluster_name}}}:models:latest"
     # The periodic snapshot (every 0.2 s) reached Redis with everything a learned.
     assert wait_until(lambda: _snapshot_samples(redis_client, key) == 12, 3.0, 0.05)
-    assert redis_client.exists(f"kvroute:{cluster_name}:models:a") == 1
+    assert redis_client.exists(f"kvroute:{{{cluster_name}}}:models:a") == 1
 
     late = routers(
         worker_urls=urls,

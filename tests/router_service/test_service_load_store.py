@@ -134,7 +134,7 @@ def test_keys_are_namespaced_per_cluster(redis_server: RedisServer, cluster_name
             await one.reserve(W, 80.0)
             seen_by_other = await other.read_many([W, "http://x:1"])
             seen_by_one = await one.read_many([W])
-            keys = await one.client.keys(f"kvroute:{cluster_name}*")
+            keys = await one.client.keys(f"kvroute:{{{cluster_name}}}*")
             ttl: int = await one.client.ttl(one.key(W))
             return seen_by_one, seen_by_other, keys, ttl
         finally:
@@ -144,7 +144,7 @@ def test_keys_are_namespaced_per_cluster(redis_server: RedisServer, cluster_name
     seen_by_one, seen_by_other, keys, ttl = run(body)
     assert seen_by_one[W] > 70
     assert seen_by_other == {W: 0.0, "http://x:1": 0.0}
-    assert keys == [f"kvroute:{cluster_name}:load:{W}".encode()]
+    assert keys == [f"kvroute:{{{cluster_name}}}:load:{W}".encode()]
     assert 3500 < ttl <= 3600  # idle keys expire
 
 
@@ -228,4 +228,4 @@ def test_fallback_store_survives_an_outage_and_reconnects(
             await store.close()
 
     run(body)
-    assert own_redis.exists(f"kvroute:{cluster_name}:load:{W}") == 1
+    assert own_redis.exists(f"kvroute:{{{cluster_name}}}:load:{W}") == 1

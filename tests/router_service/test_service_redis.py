@@ -63,7 +63,7 @@ def test_load_reserved_on_one_replica_is_seen_by_another(
         seen_by_b = _queue(replica_b)
         assert 50 < seen_by_b[w1.url] <= 400  # 400 ms reserved, decaying (half-life 436 ms)
         assert seen_by_b[w2.url] == 0.0
-        key = f"kvroute:{cluster_name}:load:{w1.url}"
+        key = f"kvroute:{{{cluster_name}}}:load:{w1.url}"
         assert float(redis_client.hget(key, "v") or 0) > 50
         # Another cluster shares nothing.
         assert _queue(elsewhere) == {w1.url: 0.0, w2.url: 0.0}
@@ -99,7 +99,7 @@ def test_removed_worker_load_is_dropped_from_redis(
     resp = router.client.post("/generate", json={"text": "hello"})
     assert resp.status_code == 200
     assert resp.headers["X-KVRoute-Worker"] == a.url  # a tie: the first worker
-    key = f"kvroute:{cluster_name}:load:{a.url}"
+    key = f"kvroute:{{{cluster_name}}}:load:{a.url}"
     assert redis_client.exists(key) == 1
     assert router.control.delete("/workers", params={"url": a.url}).status_code == 200
     assert redis_client.exists(key) == 0
@@ -126,7 +126,7 @@ def test_no_prompt_text_reaches_redis(
     ]
     for path, body in bodies:
         assert router.client.post(path, json=body).status_code == 200
-    assert redis_client.keys(f"kvroute:{cluster_name}:*")  # it did write
+    assert redis_client.keys(f"kvroute:{{{cluster_name}}}:*")  # it did write
     for key in redis_client.scan_iter(count=1000):
         assert marker.encode() not in key
         kind = redis_client.type(key)
@@ -144,10 +144,10 @@ def test_no_prompt_text_reaches_redis(
             values = [redis_client.dump(key) or b""]
         for value in values:
             assert marker.encode() not in value, key
-        if key.startswith(f"kvroute:{cluster_name}:".encode()):
+        if key.startswith(f"kvroute:{{{cluster_name}}}:".encode()):
             # Load per worker, the shared index stream (block digests), model snapshots.
             allowed = (b"load:http://", b"index", b"models:")
-            suffix = key[len(f"kvroute:{cluster_name}:") :]
+            suffix = key[len(f"kvroute:{{{cluster_name}}}:") :]
             assert suffix.startswith(allowed), key
 
 
@@ -198,7 +198,7 @@ def test_redis_outage_falls_back_to_embedded_and_reconnects(
     assert router.client.post("/generate", json={"text": "after"}).status_code == 200
     client = redis.Redis.from_url(own_redis.url)
     try:
-        assert client.keys(f"kvroute:{cluster_name}:load:*")  # writing to Redis again
+        assert client.keys(f"kvroute:{{{cluster_name}}}:load:*")  # writing to Redis again
     finally:
         client.close()
     assert "kvroute_redis_connected 1.0" in router.control.get("/metrics").text
@@ -222,7 +222,7 @@ def test_router_starts_while_redis_is_down_and_connects_later(
     assert router.client.post("/generate", json={"text": "later"}).status_code == 200
     client = redis.Redis.from_url(own_redis.url)
     try:
-        assert client.keys(f"kvroute:{cluster_name}:load:*")
+        assert client.keys(f"kvroute:{{{cluster_name}}}:load:*")
     finally:
         client.close()
 
