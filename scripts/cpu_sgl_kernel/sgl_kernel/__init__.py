@@ -5,8 +5,9 @@ packages on PyPI (``sgl-kernel``, ``sglang-kernel``) hold CUDA libraries only. O
 without AMX (and not arm64) SGLang skips every native ``torch.ops.sgl_kernel.*`` operator and
 calls only the few module-level functions below, so this pure-torch module (written for
 kvroute's real-engine tier) lets a CPU server run. tests/engine_real checks each function
-against its definition and SGLang's greedy answers against plain transformers'. ``scripts/real_engine_setup.sh`` copies it into the engine
-virtualenv only; it is never part of the kvroute package and is no use on a GPU.
+against its definition and SGLang's greedy answers against plain transformers'.
+``scripts/real_engine_setup.sh`` copies it into the engine virtualenv only; it is never part
+of the kvroute package and is no use on a GPU.
 
 Every other name is a stand-in that raises when called, so a kernel that were really needed
 fails loudly instead of computing anything. Its submodules (``sgl_kernel.scalar_type``,
