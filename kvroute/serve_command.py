@@ -52,6 +52,14 @@ def add_parser(sub: Any) -> None:
         help="worker base URLs, e.g. http://127.0.0.1:30001 (no port: 80, or 443 for https; "
         "default: none, add them later with POST /workers)",
     )
+    p.add_argument(
+        "--worker-dns",
+        default=None,
+        metavar="http://NAME:PORT",
+        help="follow the workers behind a DNS name (a Kubernetes headless Service): every "
+        "address NAME resolves to is a worker at PORT, added and removed as the answer changes "
+        "(allow-listed like POST /workers; default: none)",
+    )
     p.add_argument("--policy", default=None, help="routing policy (default lbgr)")
     p.add_argument(
         "--policy-params",
@@ -75,7 +83,9 @@ def add_parser(sub: Any) -> None:
         "--redis-url",
         default=None,
         help="share load, prefix index and model snapshots across replicas through this Redis, "
-        "e.g. redis://127.0.0.1:6379/0 (default: none, this replica alone)",
+        "e.g. redis://127.0.0.1:6379/0, a Redis Cluster redis+cluster://HOST:PORT[,HOST:PORT] "
+        "or Sentinel's primary redis+sentinel://HOST:26379[,HOST:26379]/SERVICE[/DB] "
+        "(default: none, this replica alone)",
     )
     p.add_argument(
         "--cluster", default=None, help="namespace of shared state in Redis (default: default)"
@@ -175,6 +185,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             control_host=args.control_host,
             control_port=args.control_port,
             worker_urls=args.worker_urls,
+            worker_dns=args.worker_dns,
             policy=args.policy,
             policy_params=params,
             model=args.model,
