@@ -167,7 +167,6 @@ def around_one_pass(rows: Sequence[dict[str, Any]], path: Path) -> None:
     rps.set_ylabel("throughput (completed req/s)")
     for ax in (hit, rps):
         ax.set_xlabel("capacity / tokens of one round_robin pass")
-        ax.set_xscale("log")
         ax.legend(fontsize=7)
     fig.suptitle("GSP round_robin, one worker, 12 req/s (band: seeds x speeds)", fontsize=10)
     fig.tight_layout()
