@@ -31,7 +31,8 @@ pytestmark = pytest.mark.slow
 SYNC_WAIT_S = 3.0  # index events and load batches on loopback, with margin for a busy machine
 RECOVERY_WAIT_S = 20.0  # Sentinel's promotion, then the replicas' reconnect backoff
 SNAPSHOT_KEY = "redis-ha-snapshot-key-0123456789"
-SLOW_S = 1.0  # a request held in flight while the other replica looks at its load
+SLOW_S = 2.0  # a request held in flight while the other replica looks at its load
+HELD_UNITS = 1000  # its prompt: lbgr_paper reserves ~1 ms per unit, above 50 ms for ~2.3 s
 
 
 def _prompt(tag: str, length: int = 320) -> str:
@@ -94,7 +95,7 @@ def _check_load_shared(
 
     def send() -> None:
         with http_client(a.url) as client:
-            out.append(client.post("/generate", json={"text": _prompt("held")}))
+            out.append(client.post("/generate", json={"text": _prompt("held", HELD_UNITS)}))
 
     thread = threading.Thread(target=send)
     thread.start()
