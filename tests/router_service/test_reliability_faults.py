@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -22,8 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,6 +30,7 @@ import httpx
 import pytest
 from fake_worker import FakeWorker
 from router_harness import (
+    EmulatedWorker,
     RedisServer,
     RouterServer,
     free_port,
@@ -45,47 +43,6 @@ ERROR_EVENT_TYPE = '"type": "upstream_broken"'
 
 
 # -- real worker processes ------------------------------------------------------------------
-@dataclass
-class EmulatedWorker:
-    """One ``kvroute emulate`` process on a fixed port: killed with SIGKILL, started again."""
-
-    port: int
-    time_scale: float = 10.0
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def spawn(self) -> EmulatedWorker:
-        args = [sys.executable, "-m", "kvroute", "emulate", "--port", str(self.port)]
-        args += ["--time-scale", str(self.time_scale), "--seed", str(self.port)]
-        self.proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
-        return self
-
-    def wait_healthy(self, timeout_s: float = 90.0) -> None:
-        def up() -> bool:
-            assert self.proc is not None
-            assert self.proc.poll() is None, "emulator exited"
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as resp:
-                    return bool(resp.status == 200)
-            except (urllib.error.URLError, OSError):
-                return False
-
-        if not wait_until(up, timeout_s, 0.1):
-            raise RuntimeError(f"emulated worker {self.url} did not start")
-
-    def kill(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
 @pytest.fixture
 def emulated_workers() -> Iterator[list[EmulatedWorker]]:
     # Workers come back on their port after a kill: one outside the ephemeral range, which no

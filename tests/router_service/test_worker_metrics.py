@@ -3,77 +3,31 @@ gauges SGLang exports), real HTTP, requests the router did not send."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
-from router_harness import RouterServer, free_port, wait_until
+from router_harness import EmulatedWorker, RouterServer, free_port, wait_until
 
 from router_service.worker_metrics import parse_load
 
 
-class Emulator:
-    """A ``kvroute emulate`` process (10x faster than real time)."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "kvroute",
-                "emulate",
-                "--port",
-                str(self.port),
-                "--time-scale",
-                "10",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def up(self) -> bool:
-        assert self.proc.poll() is None, "emulator exited"
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=1) as resp:
-                return bool(resp.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-
 @pytest.fixture
-def emulators() -> Iterator[Callable[[int], list[Emulator]]]:
-    started: list[Emulator] = []
+def emulators() -> Iterator[Callable[[int], list[EmulatedWorker]]]:
+    started: list[EmulatedWorker] = []
 
-    def make(n: int) -> list[Emulator]:
-        pool = [Emulator() for _ in range(n)]
+    def make(n: int) -> list[EmulatedWorker]:
+        pool = [EmulatedWorker(free_port()).spawn() for _ in range(n)]
         started.extend(pool)
-        for e in pool:
-            assert wait_until(e.up, 90, 0.1)
+        for worker in pool:
+            worker.wait_healthy()
         return pool
 
     yield make
-    for e in started:
-        e.stop()
+    for worker in started:
+        worker.kill()
 
 
 def _long_request(worker: str, tokens: int, done: threading.Event) -> None:
@@ -86,7 +40,7 @@ def _long_request(worker: str, tokens: int, done: threading.Event) -> None:
 
 @pytest.mark.slow
 def test_load_sent_around_the_router_shows_in_its_view_and_in_routing(
-    routers: Callable[..., RouterServer], emulators: Callable[[int], list[Emulator]]
+    routers: Callable[..., RouterServer], emulators: Callable[[int], list[EmulatedWorker]]
 ) -> None:
     busy, idle = emulators(2)
     text = httpx.get(busy.url + "/metrics").text
