@@ -3,8 +3,8 @@
 ``RLTRadixCache`` subclasses SGLang's classic ``RadixCache`` and keeps everything of it
 (tree, ``RadixKey`` matching, page alignment, locking, KV-pool freeing, KV events, metrics)
 except the eviction order. The RLT algorithm itself is not written again here: the reference
-cache's ``RLTEviction`` (marking phases, the phase rules of ``evict``, the batched draw on a
-leaf registry) runs unchanged on SGLang's tree through ``_SGLangTree``, a small view that
+cache's ``RLTEviction`` (marking phases, the phase rules of ``evict``, the draw on a leaf
+registry) runs unchanged on SGLang's tree through ``_SGLangTree``, a small view that
 offers what it reads and calls. What is SGLang-specific lives in this module:
 
 - marking: every insert (``_insert_helper``) marks its path, and every match
@@ -260,33 +260,22 @@ class _SGLangTree:
         cache.evictable_size_ -= cut
         return cut
 
-    def cut_few_tails(self, slots: list[int], pages: list[int], total: int) -> int:
-        """``cut_tails`` for a few leaves, with Python lists (``pages`` in whole pages)."""
-        leaves, cache, page = self.leaves, self.cache, self.page_size
-        tokens = [taken * page for taken in pages]
-        if cache.kv_events.enabled:
-            cache._record_tails_removed(slots, tokens)
-        size, off = leaves.size, leaves.off
-        starts, lengths = [], []
-        for slot, cut in zip(slots, tokens, strict=True):
-            if cut:
-                keep = int(size[slot]) - cut
-                size[slot] = keep
-                starts.append(int(off[slot]) + keep)
-                lengths.append(cut)
-        leaves.epoch += 1
-        cache._queue_runs(starts, lengths, total)
-        cache.evictable_size_ -= total
-        return total
-
     def trim_leaf(self, node: Any, num_tokens: int) -> int:
         """Drop ``num_tokens`` (whole pages) from a registered, unlocked leaf's tail, all of
         it if it holds no more."""
-        if num_tokens >= int(self.leaves.size[node.slot]):
+        leaves, cache, slot = self.leaves, self.cache, node.slot
+        size = int(leaves.size[slot])
+        if num_tokens >= size:
             return self.delete_emptied([node])
         if num_tokens <= 0:
             return 0
-        return self.cut_few_tails([node.slot], [num_tokens // self.page_size], num_tokens)
+        if cache.kv_events.enabled:
+            cache._record_tail_removed(node, size - num_tokens)
+        leaves.size[slot] = size - num_tokens
+        leaves.epoch += 1
+        cache._queue_runs([int(leaves.off[slot]) + size - num_tokens], [num_tokens], num_tokens)
+        cache.evictable_size_ -= num_tokens
+        return num_tokens
 
     def delete_emptied(self, nodes: Sequence[Any]) -> int:
         return self.cache._delete_emptied(nodes)
@@ -355,7 +344,7 @@ class RLTRadixCache(RadixCache):
                 seed,
                 "compiled"
                 if kernels.COMPILED
-                else "in numpy (kvroute was built without a C "
+                else "in Python, page by page (kvroute was built without a C "
                 "compiler: evictions cost more CPU; reinstall where one is)",
             )
 

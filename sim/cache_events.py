@@ -172,11 +172,3 @@ class EventedRadixCache(RadixCache):
             if taken and node is not None:
                 self.events.trimmed(node, taken * page)
         return super().cut_tails(slots, pages, k)
-
-    def cut_few_tails(self, slots: list[int], pages: list[int], total: int) -> int:
-        nodes, page = self.leaves.nodes, self.page_size
-        for slot, taken in zip(slots, pages, strict=True):
-            node = nodes[slot]
-            if taken and node is not None:
-                self.events.trimmed(node, taken * page)
-        return super().cut_few_tails(slots, pages, total)

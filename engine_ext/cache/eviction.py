@@ -48,6 +48,7 @@ class EvictionPolicy(Protocol):
 
 EvictionPolicyFactory = Callable[["RadixCache", random.Random], EvictionPolicy]
 
+
 def _builtins(registry: Registry[EvictionPolicyFactory]) -> None:
     from engine_ext.cache.lru import LRUEviction
     from engine_ext.cache.rlt import RLTEviction

@@ -47,8 +47,8 @@ class LeafRegistry:
     size: np.ndarray
     mark: np.ndarray
     # Working arrays of an eviction, as long as the slots (RLT's candidates, their pages and
-    # the pages drawn from each: ``kernels.first_round`` fills them): allocated with the
-    # slots, so that an eviction allocates nothing.
+    # the pages taken from each: ``kernels.candidates`` and ``kernels.steps`` fill them):
+    # allocated with the slots, so that an eviction allocates nothing.
     scratch: tuple[np.ndarray, np.ndarray, np.ndarray]
 
     def __init__(self) -> None:

@@ -377,16 +377,6 @@ class RadixCache:
         self.total_tokens -= cut
         return cut
 
-    def cut_few_tails(self, slots: list[int], pages: list[int], total: int) -> int:
-        """``cut_tails`` for a few leaves, with Python lists: ``pages[i]`` whole pages (0
-        allowed) off the leaf in ``slots[i]``; ``total`` is their sum in tokens."""
-        size, page = self.leaves.size, self.page_size
-        for slot, taken in zip(slots, pages, strict=True):
-            if taken:
-                size[slot] -= taken * page
-        self.total_tokens -= total
-        return total
-
     def _iter_nodes(self) -> Iterator[RadixNode]:
         """Every node, root first; leaves are settled on the way."""
         stack = [self.root]

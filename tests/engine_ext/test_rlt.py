@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
@@ -239,56 +240,63 @@ def test_rlt_evict_matches_the_per_token_definition(need: int) -> None:
 
 
 def leaf_state(cache: RadixCache) -> list[tuple[int, int]]:
+    """The leaves in the registry's order, as (node id, tokens), after checking the tree."""
     cache.check_invariants()
-    return sorted((node.node_id, len(node.key)) for node in cache.leaves)
+    return [(node.node_id, len(node.key)) for node in cache.leaves]
 
 
-@pytest.mark.parametrize("binomial_per_leaf", [None, 0], ids=["picks", "even-counts"])
-@pytest.mark.parametrize("leaves", [6, 24])
-def test_every_eviction_path_makes_the_same_draws(
-    leaves: int, binomial_per_leaf: int | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The eviction paths (Python lists for a few leaves, numpy arrays, the compiled loops
-    on them) consume the seeded generator the same way (as ``draw_leaf_counts`` would) and
-    end with the same trees; ``binomial_per_leaf`` 0 draws every round's picks as binomial
-    counts (``Draws.even_counts``), which otherwise takes 128 picks per leaf."""
+def served(path: str, seed: int, page: int, marking: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A seeded workload (matches that lock their prefix for a while, inserts, evictions of
+    1 to 2,000 tokens) on a 3,000-token cache, by RLT's ``path``: what every eviction freed
+    and the leaves after every step, and the phases started."""
     from rlt_paths import use_path
 
-    from engine_ext.cache import kernels
-
-    if binomial_per_leaf is not None:
-        name = "engine_ext.cache.leaf_sampling._BINOMIAL_PICKS_PER_LEAF"
-        monkeypatch.setattr(name, binomial_per_leaf)
-
-    gen = np.random.default_rng(leaves)
-    prefixes = [tuple(int(t) for t in gen.integers(1000, 2000, size=16)) for _ in range(3)]
-    keys = [
-        prefixes[i % 3]
-        + tuple(int(t) for t in gen.integers(0, 1000, size=int(gen.integers(4, 40))))
-        for i in range(leaves)
+    use_path(path, monkeypatch)
+    rng = random.Random(seed)
+    cache = RadixCache(3_000, "rlt", page_size=page, rng=random.Random(seed), marking=marking)
+    prefixes = [
+        tuple(rng.randrange(1, 999) for _ in range(rng.randint(1, 16) * 4)) for _ in range(6)
     ]
-    evictions = [int(n) for n in gen.integers(1, 60, size=12)]
-    states = []
-    for path in ("lists", "arrays", "compiled") if kernels.COMPILED else ("lists", "arrays"):
-        use_path(path, monkeypatch)
-        if path == "lists":
-            monkeypatch.setattr("engine_ext.cache.rlt.FEW_LEAVES", 10_000)
-        cache, _ = rlt_cache(2_000, seed=7)
-        trace = []
-        for i, n in enumerate(evictions):
-            for key in keys[i::4]:
-                cache.insert(key)
-            trace.append((cache.evict(n), leaf_state(cache)))
-        states.append(trace)
-    assert all(state == states[0] for state in states[1:])
-    assert any(len(state) < leaves for _, state in states[0]), "some leaves emptied"
+    trace: list[Any] = []
+    locked: list[Any] = []
+    for step in range(200):
+        key = rng.choice(prefixes) + tuple(
+            rng.randrange(1, 999) for _ in range(rng.randint(1, 60) * 4)
+        )
+        match = cache.match_prefix(key)
+        cache.lock(match.node)
+        locked.append(match.node)
+        if cache.ensure_free(len(key)):
+            cache.insert(key)
+        if len(locked) > 3 or step % 3:
+            cache.unlock(locked.pop(0))
+        if step % 7 == 0:
+            trace.append(cache.evict(rng.choice([1, 4, 64, 500, 2_000])))
+        trace.append(leaf_state(cache))
+    return trace, cache.policy.phases_started  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_compiled_draw_is_the_reference_loop(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled path makes the reference loop's picks from the same uniforms and applies
+    them in a batch: the same tokens freed by every eviction and the same leaves, in the
+    same order, after every step (locks, both markings, pages, leaves and their parents
+    emptying)."""
+    page, marking = (1, 2, 4)[seed % 3], ("path", "split")[seed % 2]
+    reference = served("reference", seed, page, marking, monkeypatch)
+    compiled = served("compiled", seed, page, marking, monkeypatch)
+    assert compiled == reference
+    trace, phases = reference
+    assert phases > 1
+    assert any(isinstance(freed, int) and freed > 0 for freed in trace)
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_a_large_eviction_from_chains_frees_exactly_what_is_asked(seed: int) -> None:
-    """Chains under a shared prefix (multi-turn chats): a big eviction empties leaves, their
-    parents join, and the continuous-time draw may see parents join after the target ring
-    (they must lose nothing)."""
+    """Chains under a shared prefix (multi-turn chats): a big eviction empties leaves and
+    their parents join, some after the last pick (they must lose nothing)."""
     gen = np.random.default_rng(seed)
     cache, _ = rlt_cache(100_000, seed=seed)
     system = tuple(range(10_000, 10_064))

@@ -134,7 +134,7 @@ def test_factory_builds_from_a_context(caplog: pytest.LogCaptureFixture) -> None
     active = [r for r in caplog.records if "RLT radix cache active" in r.getMessage()]
     assert len(active) == 1
     assert "capacity 80 tokens" in active[0].getMessage()
-    loops = "compiled" if kernels.COMPILED else "in numpy"
+    loops = "compiled" if kernels.COMPILED else "in Python"
     assert f"eviction loops {loops}" in active[0].getMessage()  # operators see the fast path
 
 

@@ -31,7 +31,6 @@ from sglang_harness import (
 
 from engine_ext import sglang_rlt
 from engine_ext.cache import kernels
-from engine_ext.cache import rlt as rlt_module
 from engine_ext.sglang_rlt import RLTRadixCache
 
 
@@ -154,15 +153,12 @@ def test_a_pending_trim_is_applied_when_sglang_first_reads_the_leaf(
     the freed tails come from the arena, each KV slot once."""
     cache, allocator = rlt_cache(100, page_size=2, enable_kv_cache_events=True)
 
-    # The draw is fixed here (picks in turn over the candidates, last first: two pages off
-    # each of three), so that every leaf is cut and none emptied, whatever the seeded stream.
-    def in_turn(leaves: int, n: int) -> tuple[np.ndarray, int, Callable[[], np.ndarray]]:
-        picks = leaves - 1 - np.arange(n) % leaves
-        counts = np.bincount(picks, minlength=leaves)
-        return counts, int(counts.max()), lambda: picks
+    # The draw is fixed here (picks in turn over the three candidates, last first: two pages
+    # off each), so that every leaf is cut and none emptied, whatever the seeded stream.
+    def in_turn(need: int) -> np.ndarray:
+        return (2 - np.arange(need) % 3 + 0.5) / 3
 
-    monkeypatch.setattr(cache.rlt.gen, "pick_counts", in_turn)
-    monkeypatch.setattr(kernels, "first_round", kernels.numpy_first_round)  # draws in Python
+    monkeypatch.setattr(cache.rlt, "uniforms", in_turn)
     a = insert(cache, allocator, list(range(12)))
     b = insert(cache, allocator, list(range(100, 112)))
     c = insert(cache, allocator, list(range(200, 212)))
@@ -403,10 +399,9 @@ _ops = st.lists(
         (1, True, "cpu", "compiled"),
         (2, False, "torch", "compiled"),
         (1, False, "torch-index", "compiled"),
-        (1, False, "cpu", "arrays"),
-        (4, True, "torch", "arrays"),
-        (1, False, "cpu", "lists"),
-        (2, False, "torch", "lists"),
+        (1, False, "cpu", "reference"),
+        (4, True, "torch", "reference"),
+        (2, False, "torch", "reference"),
     ],
     ids=[
         "page1",
@@ -414,10 +409,9 @@ _ops = st.lists(
         "eagle",
         "page2-torch",
         "page1-torch-index",
-        "page1-numpy-arrays",
-        "page4-eagle-torch-numpy-arrays",
-        "page1-numpy-lists",
-        "page2-torch-numpy-lists",
+        "page1-reference",
+        "page4-eagle-torch-reference",
+        "page2-torch-reference",
     ],
 )
 @settings(
@@ -437,20 +431,16 @@ def test_random_sequences_keep_every_invariant(
 ) -> None:
     """Sizes recount, each KV slot is freed once, locked paths never lose a token; the
     freed indices gathered from the arena every way (on a CPU arena by ``kernels.gather``;
-    with torch, as on a GPU: a slice per run, or one index, ``-index``), on each of RLT's
+    with torch, as on a GPU: a slice per run, or one index, ``-index``), on both of RLT's
     eviction paths: the compiled loops (``kernels``) on the leaf registry's arrays, or
-    without them the numpy loops on the arrays or Python lists for a few leaves."""
+    without them the reference loop (``rlt_reference``), page by page."""
     monkeypatch.setattr(sglang_rlt, "_MIN_ARENA", 0)  # twice the pool: packs come often
     monkeypatch.setattr(sglang_rlt, "_NUMPY_GATHER", gather == "cpu")
     if gather.endswith("-index"):
         monkeypatch.setattr(sglang_rlt, "_FEW_RUNS", 0)
-    if path == "compiled":
-        if not kernels.COMPILED:  # the main suite asserts it is built wherever it can be
-            pytest.skip("the C extension is not built here (no C compiler)")
-    else:
-        for name, twin in kernels.NUMPY_LOOPS.items():
-            monkeypatch.setattr(kernels, name, twin)
-    monkeypatch.setattr(rlt_module, "FEW_LEAVES", 32 if path == "lists" else -1)
+    if path == "compiled" and not kernels.COMPILED:  # the main suite asserts it is built
+        pytest.skip("the C extension is not built here (no C compiler)")
+    monkeypatch.setattr(kernels, "COMPILED", path == "compiled")
     cache, allocator = rlt_cache(48, page_size, seed=seed, is_eagle=eagle)
     worker = Worker(cache, allocator)
     locks: list[tuple[Any, Any, list[int]]] = []
