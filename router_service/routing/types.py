@@ -1,7 +1,7 @@
 """Values the routing core takes and returns: requests, worker snapshots, decisions, outcomes.
 
-All frozen and slotted; a Decision explains itself (``to_dict`` is the ``/explain`` JSON of
-DESIGN 7). Fields a policy does not use are ``None``.
+All frozen and slotted; a Decision explains itself (``to_dict`` is the ``/explain`` JSON,
+docs/explain.md). Fields a policy does not use are ``None``.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class WorkerSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One worker's line in a decision's breakdown (DESIGN 5)."""
+    """One worker's line in a decision's breakdown (``candidates`` in docs/explain.md)."""
 
     worker: str
     eligible: bool
