@@ -51,9 +51,7 @@ class _GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._awaiting_head:
             self._head_bytes += len(data)
             if self._head_timer is None:  # the first byte of a request on a kept-alive one
-                self._head_timer = self.loop.call_later(
-                    self.header_timeout_s, self._head_timed_out
-                )
+                self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
         super().data_received(data)
         if self._awaiting_head and self._head_bytes > self.max_header_bytes:
             self._refuse(431, f"request head over {self.max_header_bytes} bytes")
