@@ -1,6 +1,6 @@
 """Processes and probes for benchmarks that run a fleet of router replicas (``scale_out``).
 
-A throwaway redis-server, an nginx round-robin balancer with a temporary prefix, ``kvroute
+An nginx round-robin balancer with a temporary prefix, ``kvroute
 serve`` replicas (optionally pinned to CPUs), and the measurements taken from outside: the
 replicas' merged index-sync lag histogram, CPU seconds per process group (``/proc``), and the
 machine's busy fraction. Every process is started in its own process group and stopped whole.
@@ -18,13 +18,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import redis
 
 from sim.loadgen import default_control_url
 from sim.local_cluster import free_port, free_port_pair, wait_healthy
@@ -34,7 +31,6 @@ __all__ = [
     "Balancer",
     "InstantWorkers",
     "KernelBalancer",
-    "RedisServer",
     "busy_fraction",
     "children_cpu_s",
     "group_cpu_s",
@@ -72,36 +68,6 @@ def stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=5)
-
-
-class RedisServer:
-    """A throwaway redis-server on a free loopback port (no persistence)."""
-
-    def __init__(self) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise SystemExit("redis-server is not installed (apt-get install redis-server)")
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        self.proc = spawn([*args, "--appendonly", "no", "--protected-mode", "no"])
-        self.client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-
-    def flush(self) -> None:
-        self.client.flushall()
-
-    def stop(self) -> None:
-        self.client.close()
-        stop([self.proc])
 
 
 _NGINX_HEAD = """\

@@ -1,5 +1,6 @@
 """Seeded tree shapes for the eviction-cost benchmarks (reference cache and SGLang), and the
-summary row both benchmarks print.
+summary rows both benchmarks print, with each policy's cost per token as a share of the
+prefill it makes room for (``prefill_share``).
 
 Each builder returns the insert sequence of a ~``target``-token radix tree, as token keys
 (``sim.tokens``: one character per token id); ``engine_ext.cache.keys.key_to_ids`` turns a key
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 from _common import format_ratio, ratio
 
+from sim.profiles import get_profile
 from sim.tokens import random_tokens
 
 __all__ = [
@@ -31,6 +33,8 @@ __all__ = [
     "eviction_row",
     "gsp_keys",
     "longdoc_keys",
+    "prefill_share",
+    "prefill_summary",
 ]
 
 KeyBuilder = Callable[[np.random.Generator, int], list[str]]
@@ -95,6 +99,39 @@ def longdoc_keys(gen: np.random.Generator, target: int) -> list[str]:
 
 
 SHAPES: dict[str, KeyBuilder] = {"gsp": gsp_keys, "chat": chat_keys, "longdoc": longdoc_keys}
+
+# The yardstick of an eviction's cost: a scheduler evicts n tokens to make room for about n
+# tokens it then prefills, at the reference profile's rate (sim/profiles.py). RLT's cost per
+# token freed should stay within PREFILL_SHARE_TARGET of that.
+PREFILL_PROFILE = "llama3.1-8b-l40"
+PREFILL_SHARE_TARGET = 0.01
+
+
+def prefill_share(ns_per_token: float) -> float:
+    """``ns_per_token`` as a share of the reference profile's prefill time per token."""
+    return ns_per_token / (get_profile(PREFILL_PROFILE).prefill_ms_per_token * 1e6)
+
+
+def prefill_summary(rows: Sequence[dict[str, Any]]) -> str:
+    """A line on RLT's cost per token as a share of prefill, over ``rows``."""
+    held = sum(1 for r in rows if r["rlt_within_prefill_target"] == "yes")
+    worst = max(r["rlt_prefill_share"] for r in rows)
+    rate = get_profile(PREFILL_PROFILE).prefill_ms_per_token
+    return (
+        f"rlt per token freed within {PREFILL_SHARE_TARGET:.0%} of prefill ({rate} ms a token, "
+        f"{PREFILL_PROFILE}) at {held} of {len(rows)}; at most {worst:.3%}"
+    )
+
+
+def _prefill_columns(row: dict[str, Any]) -> None:
+    """Each policy's ns per token as a share of prefill, and whether RLT's is within the
+    target."""
+    for policy in ("lru", "rlt"):
+        row[f"{policy}_prefill_share"] = round(prefill_share(row[f"{policy}_ns_per_token"]), 6)
+    row["rlt_within_prefill_target"] = (
+        "yes" if row["rlt_prefill_share"] <= PREFILL_SHARE_TARGET else "no"
+    )
+
 
 # The churn stream: requests drawn from a pool of keys this many times the cache's capacity,
 # until they add up to CHURN_FACTOR times it.
@@ -169,6 +206,7 @@ def churn_row(
     row["rlt_over_lru"] = ratio(rlt, lru)
     row["rlt_over_lru_text"] = format_ratio(rlt, lru)
     row["meets_target"] = "yes" if rlt <= target_ratio * lru else "no"
+    _prefill_columns(row)
     paired = [
         rlt_rep / lru_rep
         for rlt_rep, lru_rep in zip(per_token["rlt"], per_token["lru"], strict=True)
@@ -201,6 +239,7 @@ def churn_columns(target: str) -> tuple[tuple[str, str, str], ...]:
         ("rlt/lru", "rlt_over_lru_text", "{}"),
         ("paired IQR", "paired_ratio_text", "{}"),
         (target, "meets_target", "{}"),
+        ("rlt / prefill", "rlt_prefill_share", "{:.3%}"),
     )
 
 
@@ -240,6 +279,7 @@ def eviction_row(
     row["rlt_over_lru"] = ratio(rlt, lru)
     row["rlt_over_lru_text"] = format_ratio(rlt, lru)
     row["meets_target"] = "yes" if rlt <= target_ratio * lru else "no"
+    _prefill_columns(row)
     # The spread: repetition i times both policies on trees of one seed, back to back, so
     # its ratio is one paired measurement; their quartiles show how firm the verdict is.
     paired = [

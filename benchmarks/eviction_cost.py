@@ -35,7 +35,14 @@ from typing import Any
 import numpy as np
 from _common import base_parser, write_json
 from _tree_shapes import SHAPES as TREE_SHAPES
-from _tree_shapes import churn_columns, churn_keys, churn_row, churn_sample, eviction_row
+from _tree_shapes import (
+    churn_columns,
+    churn_keys,
+    churn_row,
+    churn_sample,
+    eviction_row,
+    prefill_summary,
+)
 
 from engine_ext.cache import RadixCache
 from sim.report import markdown_table
@@ -153,6 +160,7 @@ COLUMNS = (
     ("rlt/lru", "rlt_over_lru_text", "{}"),
     ("paired IQR", "paired_ratio_text", "{}"),
     (f"<= {TARGET_RATIO:g}x", "meets_target", "{}"),
+    ("rlt / prefill", "rlt_prefill_share", "{:.3%}"),
 )
 CHURN_COLUMNS = churn_columns(f"<= {TARGET_RATIO:g}x")
 SHAPE_COLUMNS = (
@@ -213,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"rlt <= {TARGET_RATIO:g}x lru per token freed under churn for {held} of "
         f"{len(churn)} shapes; median of {churn_repeats} streams; {wall_s:.1f} s wall"
     )
+    print(prefill_summary([*rows, *churn]) + " (fresh trees and churn)")
     sys.stdout.flush()
     path = write_json(
         args.out,

@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import redis.asyncio as aioredis
 import uvloop
 from _common import base_parser, write_json
-from _fleet import RedisServer
 
 from router_service.index_sync import Event, IndexSync
 from router_service.routing import RandomPolicy, Router
 from router_service.routing.block_keys import BlockKeys, key_to_digests
+from sim.local_redis import RedisServer
 
 NAME = "index_sync_cost"
 WORKER = "http://10.0.0.1:30000"
@@ -102,7 +102,7 @@ def run(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = base_parser(NAME, __doc__).parse_args(argv)
     events = 512 if args.quick else 8192
-    server = RedisServer()
+    server = RedisServer().start()
     try:
         rows = []
         for per_event in (False, True):

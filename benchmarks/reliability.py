@@ -43,7 +43,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -63,6 +62,7 @@ from _common import REPO_ROOT, base_parser, write_json
 
 from sim.loadgen import default_control_url
 from sim.local_cluster import free_port, free_port_pair, wait_healthy
+from sim.local_redis import RedisServer
 
 ADMIN_TOKEN = "reliability-benchmark-admin-token"  # the routers' control plane, on loopback
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -113,20 +113,6 @@ def router(
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url, 90, proc)
     return url, proc
-
-
-def redis_server(port: int) -> Any:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise RuntimeError("redis-server is not installed (scripts/ensure_redis.sh)")
-    args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = spawn(args)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return proc
-        time.sleep(0.05)
-    raise RuntimeError("redis-server did not start")
 
 
 def cpu_s(pid: int) -> float | None:
@@ -459,9 +445,8 @@ async def _one_fault(name: str, fleet: Fleet, d: float, rate: float) -> dict[str
 
 
 async def _redis_fault(fleet: Fleet, d: float, rate: float) -> dict[str, Any]:
-    port = free_port()
-    redis = redis_server(port)
-    redis_url = f"redis://127.0.0.1:{port}/0"
+    redis = RedisServer().start()
+    redis_url = redis.url
     replicas = []
     try:
         for i in range(2):
@@ -472,12 +457,11 @@ async def _redis_fault(fleet: Fleet, d: float, rate: float) -> dict[str, Any]:
         t0 = time.perf_counter()
 
         async def schedule() -> dict[str, Any]:
-            nonlocal redis
             await asyncio.sleep(d / 3)
             at = time.perf_counter() - t0
-            kill(redis)
+            redis.stop()
             await asyncio.sleep(d / 6)
-            redis = await asyncio.to_thread(redis_server, port)
+            await asyncio.to_thread(redis.start)
             return {
                 "fault_at_s": round(at, 2),
                 "recovered_at_s": round(time.perf_counter() - t0, 2),
@@ -490,7 +474,7 @@ async def _redis_fault(fleet: Fleet, d: float, rate: float) -> dict[str, Any]:
     finally:
         for _, proc in replicas:
             kill(proc, signal.SIGTERM)
-        kill(redis)
+        redis.stop()
 
 
 async def _warm(url: str) -> None:

@@ -11,7 +11,8 @@ matches marking only what they split, as the paper's code (``--rlt-marking split
 paper's LBGR is ``lbgr_paper``.
 
 Parts:
-1. four workers, each workload x {random, round_robin, cache_aware, lbgr_paper} x {lru, rlt},
+1. four workers, each workload x {random, round_robin, power_of_two, cache_aware, lbgr_paper}
+   x {lru, rlt},
    with the offline hit-rate ceiling (``sim.ceiling``); GSP also in its two other orders;
 2. bands: the headline pair (cache_aware+lru, lbgr_paper+rlt) over seeds 0-4 and the service
    model's speed at 0.8x, 1x and 1.2x (``--worker-speeds``); GSP also with token matching;
@@ -22,8 +23,11 @@ Parts:
    next to the offline upper bound and the ceiling; GSP round_robin again at 0.95x..1.25x of
    one round_robin pass (where LRU starts to hit), over the bands;
 5. 1..10 workers on GSP: the headline pair over the bands (throughput: do gains vanish?);
-6. the Mooncake trace's prefix structure (offline ceiling only).
-Writes REPRODUCTION.md, PNGs under docs/figures/ and the figures in results/reproduction.json;
+6. every router on GSP with unlimited capacity (what routing alone keeps together);
+7. the Mooncake trace's prefix structure (offline ceiling only).
+Writes REPRODUCTION.md (from ``reproduction_template.md``, the page's prose, with the tables
+and sentences filled in), PNGs under docs/figures/ and the figures in
+results/reproduction.json;
 ``--from-json results/reproduction.json`` rewrites the page and figures from a finished run
 without simulating again (after editing the page's text; the page keeps that run's time).
 """

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from reproduction_rows import BASELINE, OURS, Row, find
+
 __all__ = [
     "CLOSE",
     "PAPER",
@@ -42,10 +44,7 @@ __all__ = [
 
 PAPER = {"hit": 6.92, "p50": 11.96, "ttft": 14.06, "throughput": 0.774}
 CLOSE = 1.25
-BASE = ("cache_aware", "lru")
-OURS = ("lbgr_paper", "rlt")
 VANISH = 0.01  # a throughput gain within +-1% is no gain (run-to-run noise at a fixed rate)
-Row = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,17 +102,13 @@ def pct(factor: float) -> str:
 
 
 # -- the headline pair over a band -------------------------------------------------------------
-def _find(rows: Sequence[Row], policy: str, eviction: str) -> Row:
-    return next(r for r in rows if r["policy"] == policy and r["eviction"] == eviction)
-
-
 def pair_values(rows: Sequence[Row], table: str) -> dict[tuple[int, float], tuple[Row, Row]]:
     """(seed, speed) -> (cache_aware+lru, lbgr_paper+rlt) rows of one band table."""
     out: dict[tuple[int, float], tuple[Row, Row]] = {}
     sub = [r for r in rows if r["table"] == table]
     for run in sorted({(r["seed"], r["speed"]) for r in sub}):
         at = [r for r in sub if (r["seed"], r["speed"]) == run]
-        out[run] = (_find(at, *BASE), _find(at, *OURS))
+        out[run] = (find(at, *BASELINE), find(at, *OURS))
     return out
 
 

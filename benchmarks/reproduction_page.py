@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import string
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from reproduction_bands import (
@@ -21,20 +24,19 @@ from reproduction_bands import (
     workers_bands,
     x,
 )
-from reproduction_notes import differences, headline_verdict, marking_note, setup
+from reproduction_notes import capacity_note, headline_verdict, marking_note, strict_threshold
+from reproduction_rows import MAIN_TABLES, Row
 from reproduction_tables import (
-    MAIN,
     bands_section,
     fleet_section,
     pass_section,
     profile_table,
+    routing_ceiling_section,
     sensitivity_section,
     sweep_section,
     trace_section,
     workers_section,
 )
-
-Row = dict[str, Any]
 
 
 def _text(found: Band | None, fmt: Any) -> str:
@@ -72,7 +74,7 @@ def claims(rows: Sequence[Row], layout: dict[str, Any]) -> list[dict[str, str]]:
         }
     )
     for key, label in (("p50", "p50 latency"), ("ttft", "p50 TTFT")):
-        found = max_band(rows, [f"band:{k}" for k in MAIN], key)
+        found = max_band(rows, [f"band:{k}" for k in MAIN_TABLES], key)
         out.append(
             {
                 "claim": f"{label}, cache_aware+lru / lbgr_paper+rlt, 4 workers",
@@ -105,7 +107,7 @@ def throughput_claim(rows: Sequence[Row]) -> dict[str, str]:
     """+77.4% against the one-worker eviction study (the saturated setting); the 4-worker
     fleet's gain is given for contrast."""
     found = pass_max_band(rows, "throughput")
-    fleet = max_band(rows, [f"band:{k}" for k in MAIN], "throughput")
+    fleet = max_band(rows, [f"band:{k}" for k in MAIN_TABLES], "throughput")
     return {
         "claim": "throughput, rlt vs lru (one worker, GSP round_robin)",
         "paper": f"up to +{PAPER['throughput']:.1%}",
@@ -167,14 +169,7 @@ def cyclic_text(rows: Sequence[Row]) -> str:
     )
 
 
-VERDICT_RULE = (
-    "Verdicts: **reproduced** when the paper's figure lies inside our band (min to max over "
-    "seeds 0-4 x the service model at 0.8x, 1x and 1.2x speed) and the band's median is within "
-    f"a factor {CLOSE} of it; **inside band** when it lies inside the band but the median is "
-    "further off (some runs reach it, a typical run does not); **not reproduced** when it lies "
-    "outside. A ratio is formed only where both sides are positive: a hit-rate ratio over an "
-    "LRU that hit nothing is no number, and is neither shown as one nor counted as met."
-)
+TEMPLATE = Path(__file__).with_name("reproduction_template.md")
 
 
 def duration(seconds: float) -> str:
@@ -188,66 +183,38 @@ def render(
     args: argparse.Namespace,
     timing: dict[str, Any],
 ) -> str:
+    """The page: ``reproduction_template.md`` with the run's tables and sentences."""
     commit = (timing["commit"] or "unknown")[:10] + (" (dirty tree)" if timing["dirty"] else "")
     quick = (
         "\n> **--quick run: workloads cut down for a smoke test; not the page's real figures.**\n"
         if args.quick
         else ""
     )
-    parts = [
-        "# REPRODUCTION: the paper's benchmarks in kvroute's simulator\n",
-        quick,
-        (
-            "Wu, Silwal, Zhang, *Randomization Boosts KV Caching, Learning Balances Query Load* "
-            "(ICLR 2026, arXiv 2601.18999; code github.com/fzwark/KVRouting). Every figure "
-            "below is **simulated** (`sim/`, no GPU), as the paper ran it where we can: the "
-            "router is sent the prompts' text and matches characters (sgl-router 0.4.6 and the "
-            "paper's LBGR), LBGR is the paper's (`lbgr_paper`), and RLT's matches mark only what "
-            "they split (the paper's code). The paper's numbers are next to ours where the paper "
-            "gives them; everywhere else they are marked *not given here*.\n"
-        ),
-        (
-            f"Regenerate everything (tables, figures, this page) with "
-            f"`.venv/bin/python benchmarks/reproduction.py` (`--jobs {timing['jobs']}`): "
-            f"**{duration(timing['wall_s'])}** wall on this machine ({os.cpu_count()} cores, "
-            f"{timing['simulations']} simulations), run {timing['date']}, commit {commit}. "
-            "Each table's `kvroute sim` command reproduces its rows exactly (deterministic); "
-            "raw figures: `results/reproduction.json`.\n"
-        ),
-        "## The paper's headline figures next to ours\n",
-        headline(rows, layout) + "\n",
-        VERDICT_RULE + "\n",
-        headline_verdict(rows, layout) + "\n",
-        setup(profile_table()),
-        "## 1. Four workers: every workload x routing x eviction (seed 0, speed 1)\n",
-        (
-            "Columns: cluster hit rate (cached prompt tokens / prompt tokens, all workers), "
-            "end-to-end latency and TTFT percentiles in simulated seconds, completed requests per "
-            "second over the run.\n"
-        ),
-        *(fleet_section(rows, layout, k) for k in layout["fleet"]),
-        f"![p50 and p95 latency per workload]({figures['latency']})\n",
-        f"![hit rate per workload, with the offline ceiling]({figures['hit']})\n",
-        "## 2. Bands: the headline pair over seeds 0-4 and the service model's speed\n",
-        bands_section(rows, layout),
-        "### What the marking rule changes\n",
-        marking_note(rows, layout),
-        "## 3. cache_aware on GSP: characters, tokens, thresholds\n",
-        sensitivity_section(rows, layout),
-        "## 4. One worker: the eviction study as capacity sweeps\n",
-        "### GSP, round_robin order (the paper's 6.92x setting)\n",
-        sweep_section(rows, layout, "gsp_round_robin"),
-        "### GSP, round_robin order, around one pass (where LRU starts to hit), over the bands\n",
-        pass_section(rows, layout),
-        f"![hit rate and throughput around one pass]({figures['pass']})\n",
-        "### cyclic: K prompts repeated in order, one pass = 1.1x the paper-default capacity\n",
-        sweep_section(rows, layout, "cyclic"),
-        f"![hit rate over capacity, with the offline bound and ceiling]({figures['sweep']})\n",
-        "## 5. More workers: GSP, lbgr_paper+rlt vs cache_aware+lru, over the bands\n",
-        workers_section(rows, layout),
-        f"![latency and throughput against the number of workers]({figures['workers']})\n",
-        "## 6. A real trace's prefix structure (Mooncake)\n",
-        trace_section(layout),
-        differences(rows, layout),
-    ]
-    return "\n".join(p for p in parts if p) + "\n"
+    values = {
+        "quick": quick,
+        "jobs": timing["jobs"],
+        "duration": duration(timing["wall_s"]),
+        "cores": os.cpu_count(),
+        "simulations": timing["simulations"],
+        "date": timing["date"],
+        "commit": commit,
+        "headline": headline(rows, layout),
+        "close": CLOSE,
+        "headline_verdict": headline_verdict(rows, layout),
+        "profile_table": profile_table(),
+        "fleet_sections": "\n".join(fleet_section(rows, layout, k) for k in layout["fleet"]),
+        "bands_section": bands_section(rows, layout),
+        "marking_note": marking_note(rows, layout),
+        "sensitivity_section": sensitivity_section(rows, layout),
+        "sweep_gsp": sweep_section(rows, layout, "gsp_round_robin"),
+        "pass_section": pass_section(rows, layout),
+        "sweep_cyclic": sweep_section(rows, layout, "cyclic"),
+        "workers_section": workers_section(rows, layout),
+        "routing_ceiling_section": routing_ceiling_section(rows, layout),
+        "trace_section": trace_section(layout),
+        "capacity_note": capacity_note(layout),
+        "strict_threshold": strict_threshold(rows),
+        **{f"figure_{name}": path for name, path in figures.items()},
+    }
+    page = string.Template(TEMPLATE.read_text()).substitute(values)
+    return re.sub(r"\n{3,}", "\n\n", page)  # sections end in a blank line of their own

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import REPO_ROOT
+from reproduction_rows import BASELINE, EVICTIONS, MAIN_TABLES, OURS, POLICIES
 
 from kvroute.cli import build_parser
 from kvroute.sim_command import build_workload
@@ -27,17 +28,12 @@ DATA = REPO_ROOT.parent / "shared" / "data"
 SHAREGPT = DATA / "mlenergy_ShareGPT_V3_filtered_1000.json"
 LOOGLE = DATA / "loogle_longdep_qa.jsonl"
 MOONCAKE = DATA / "mooncake_synthetic_trace.jsonl"
-POLICIES = ("random", "round_robin", "cache_aware", "lbgr_paper")
-EVICTIONS = ("lru", "rlt")
 SWEEP_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)
 # Capacities around one round_robin pass, where LRU goes from no hit to every hit.
 PASS_FACTORS = (0.95, 0.98, 0.99, 0.995, 1.0, 1.0025, 1.005, 1.01, 1.05, 1.1, 1.25)
 WORKER_COUNTS = tuple(range(1, 11))
-MAIN_TABLES = ("gsp", "sharegpt", "ultrachat", "loogle")
 SEEDS = (0, 1, 2, 3, 4)
 SPEEDS = (0.8, 1.0, 1.2)  # the service model's speed: how close to saturation the fleet runs
-BASELINE = ("cache_aware", "lru")
-OURS = ("lbgr_paper", "rlt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +174,7 @@ def plan(scale: Scale) -> tuple[list[Task], dict[str, Any]]:
     tasks += plan_sensitivity(scale, layout)
     tasks += plan_sweeps(scale, layout)
     tasks += plan_workers(scale, layout)
+    tasks += plan_routing_ceiling(scale, layout)
     # Longest first, so the two processes finish together.
     tasks.sort(key=lambda t: (t.table.startswith("pass"), t.policy != "lbgr_paper"))
     return tasks, layout
@@ -352,6 +349,19 @@ def plan_workers(scale: Scale, layout: dict[str, Any]) -> list[Task]:
         "command": pair_command(seeded(gsp, "S"), fleet("N", "X")),
     }
     return tasks
+
+
+def plan_routing_ceiling(scale: Scale, layout: dict[str, Any]) -> list[Task]:
+    """Part 6: GSP random on 4 workers, every router, each worker holding every token of the
+    workload (nothing is evicted): what the routing alone keeps together."""
+    gsp = scale.gsp("random")
+    unlimited = sum(len(r.prompt) + r.max_new_tokens for r in workload_of(gsp))
+    flags = ("--workers", "4", "--capacity-tokens", str(unlimited), *fleet(4)[2:])
+    layout["routing_ceiling"] = {
+        "capacity_tokens": unlimited,
+        "command": command(gsp, flags, " ".join(POLICIES), "lru"),
+    }
+    return [Task("routing_ceiling", gsp, flags, p, "lru") for p in POLICIES]
 
 
 def reusable(argv: tuple[str, ...]) -> int:

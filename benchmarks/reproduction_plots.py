@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from reproduction_rows import MAIN_TABLES, POLICIES, find, rows_in
 
-MAIN_TABLES = ("gsp", "sharegpt", "ultrachat", "loogle")
-POLICIES = ("random", "round_robin", "cache_aware", "lbgr_paper")
 COLORS = {"lru": "#d95f02", "rlt": "#1b9e77"}
 DPI = 90
 
@@ -23,14 +22,6 @@ def _plt() -> Any:
     return plt
 
 
-def _rows(rows: Sequence[dict[str, Any]], table: str) -> list[dict[str, Any]]:
-    return [r for r in rows if r["table"] == table]
-
-
-def _find(rows: Sequence[dict[str, Any]], policy: str, eviction: str) -> dict[str, Any]:
-    return next(r for r in rows if r["policy"] == policy and r["eviction"] == eviction)
-
-
 def fleet_bars(
     rows: Sequence[dict[str, Any]], layout: dict[str, Any], path: Path, hit: bool
 ) -> None:
@@ -39,9 +30,9 @@ def fleet_bars(
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.8))
     x = np.arange(len(POLICIES))
     for ax, table in zip(axes, MAIN_TABLES, strict=True):
-        sub = _rows(rows, table)
+        sub = rows_in(rows, table)
         for offset, ev in ((-0.2, "lru"), (0.2, "rlt")):
-            picked = [_find(sub, p, ev) for p in POLICIES]
+            picked = [find(sub, p, ev) for p in POLICIES]
             if hit:
                 ax.bar(x + offset, [r["hit_rate"] for r in picked], 0.4, color=COLORS[ev], label=ev)
             else:
@@ -81,7 +72,7 @@ def sweeps(rows: Sequence[dict[str, Any]], layout: dict[str, Any], path: Path) -
     titles = {"gsp_round_robin": "GSP, round_robin order", "cyclic": "cyclic (LRU's worst case)"}
     for ax, key in zip(np.atleast_1d(axes), keys, strict=True):
         sweep = layout["sweeps"][key]
-        sub = _rows(rows, f"sweep:{key}")
+        sub = rows_in(rows, f"sweep:{key}")
         caps = sweep["capacities"]
         factor = [c / sweep["working_set"] for c in caps]
         for ev in ("lru", "rlt"):
@@ -114,7 +105,7 @@ def _spread(values: Sequence[float]) -> tuple[float, float, float]:
 def workers(rows: Sequence[dict[str, Any]], path: Path) -> None:
     """Median and range over seeds x speeds of p50 latency and throughput, per fleet size."""
     plt = _plt()
-    sub = _rows(rows, "workers")
+    sub = rows_in(rows, "workers")
     counts = sorted({r["workers"] for r in sub})
     fig, (lat, rps) = plt.subplots(1, 2, figsize=(12, 3.8))
     pairs = ((("cache_aware", "lru"), "#d95f02"), (("lbgr_paper", "rlt"), "#1b9e77"))
@@ -151,7 +142,7 @@ def workers(rows: Sequence[dict[str, Any]], path: Path) -> None:
 def around_one_pass(rows: Sequence[dict[str, Any]], path: Path) -> None:
     """One worker, GSP round_robin, capacities around one pass: hit rates and throughput."""
     plt = _plt()
-    sub = _rows(rows, "pass")
+    sub = rows_in(rows, "pass")
     factors = sorted({r["pass_factor"] for r in sub})
     fig, (hit, rps) = plt.subplots(1, 2, figsize=(12, 3.8))
     for ev in ("lru", "rlt"):

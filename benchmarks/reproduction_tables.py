@@ -7,29 +7,13 @@ from typing import Any
 
 from _common import format_ratio, ratio
 from reproduction_bands import Band, pair_band, pair_values, pass_points, pct, workers_bands, x
+from reproduction_rows import BASELINE, MAIN_TABLES, OURS, Row, find, rows_in
 
 from sim.profiles import get_profile
 from sim.report import FLEET_METRIC_COLUMNS, markdown_table
 
-MAIN = ("gsp", "sharegpt", "ultrachat", "loogle")
-POLICY_ORDER = ("random", "round_robin", "cache_aware", "lbgr_paper")
 NOT_GIVEN = "not given here"
 FLEET_COLUMNS = (("policy", "policy", "{}"), *FLEET_METRIC_COLUMNS)
-Row = dict[str, Any]
-
-
-def _rows(rows: Sequence[Row], table: str) -> list[Row]:
-    """The rows of one table, in policy then eviction order (as the command lists them)."""
-    picked = [r for r in rows if r["table"] == table]
-    return sorted(picked, key=lambda r: (_rank(POLICY_ORDER, r["policy"]), r["eviction"]))
-
-
-def _rank(order: Sequence[str], name: str) -> int:
-    return order.index(name) if name in order else len(order)
-
-
-def _find(rows: Sequence[Row], policy: str, eviction: str) -> Row:
-    return next(r for r in rows if r["policy"] == policy and r["eviction"] == eviction)
 
 
 def _text(found: Band | None, fmt: Any) -> str:
@@ -38,7 +22,7 @@ def _text(found: Band | None, fmt: Any) -> str:
 
 def compare(rows: Sequence[Row]) -> dict[str, Any]:
     """cache_aware+lru over lbgr_paper+rlt: the paper's headline ratios on one table."""
-    base, ours = _find(rows, "cache_aware", "lru"), _find(rows, "lbgr_paper", "rlt")
+    base, ours = find(rows, *BASELINE), find(rows, *OURS)
     gain = ratio(ours["throughput_rps"], base["throughput_rps"])
     best = min(r["p50_latency_s"] for r in rows)
     return {
@@ -53,10 +37,10 @@ def compare(rows: Sequence[Row]) -> dict[str, Any]:
 
 # -- bands per workload ------------------------------------------------------------------------
 def bands_section(rows: Sequence[Row], layout: dict[str, Any]) -> str:
-    titles = {k: layout["fleet"][k]["title"] for k in MAIN}
+    titles = {k: layout["fleet"][k]["title"] for k in MAIN_TABLES}
     titles["gsp_ids"] = "GSP (random order), token matching (prompts sent as ids)"
     lines = []
-    for key in (*MAIN, "gsp_ids"):
+    for key in (*MAIN_TABLES, "gsp_ids"):
         table = f"band:{key}"
         lines.append(
             {
@@ -83,8 +67,8 @@ def bands_section(rows: Sequence[Row], layout: dict[str, Any]) -> str:
 def per_run_table(rows: Sequence[Row], layout: dict[str, Any]) -> str:
     """Every run of the bands: p50 of both sides and the ratio, by workload, speed and seed."""
     lines = []
-    for key in (*MAIN, "gsp_ids"):
-        title = layout["fleet"][key]["title"] if key in MAIN else "GSP, token matching"
+    for key in (*MAIN_TABLES, "gsp_ids"):
+        title = layout["fleet"][key]["title"] if key in MAIN_TABLES else "GSP, token matching"
         for (seed, speed), (b, o) in pair_values(rows, f"band:{key}").items():
             lines.append(
                 {
@@ -118,7 +102,7 @@ def per_run_table(rows: Sequence[Row], layout: dict[str, Any]) -> str:
 # -- the fleet tables, sensitivity, sweeps, workers ----------------------------------------------
 def fleet_section(rows: Sequence[Row], layout: dict[str, Any], key: str) -> str:
     table = layout["fleet"][key]
-    sub = _rows(rows, key)
+    sub = rows_in(rows, key)
     c = compare(sub)
     return "\n".join(
         [
@@ -145,7 +129,7 @@ def sensitivity_section(rows: Sequence[Row], layout: dict[str, Any]) -> str:
     groups = [
         (
             "cache_aware, paper preset, characters (headline)",
-            _rows(rows, "gsp"),
+            rows_in(rows, "gsp"),
             None,
             "cache_aware",
         ),
@@ -157,7 +141,7 @@ def sensitivity_section(rows: Sequence[Row], layout: dict[str, Any]) -> str:
             "sglang preset (0.3 / 64 / 1.5)",
             "cache_aware",
         ),
-        ("lbgr_paper, characters (headline)", _rows(rows, "gsp"), None, "lbgr_paper"),
+        ("lbgr_paper, characters (headline)", rows_in(rows, "gsp"), None, "lbgr_paper"),
         ("lbgr_paper, tokens", sens, tokens, "lbgr_paper"),
     ]
     picked = [
@@ -179,7 +163,7 @@ def _ratio_cell(rlt: float, lru: float) -> str:
 
 def sweep_points(rows: Sequence[Row], layout: dict[str, Any], key: str) -> list[Row]:
     sweep = layout["sweeps"][key]
-    sub = _rows(rows, f"sweep:{key}")
+    sub = rows_in(rows, f"sweep:{key}")
     points = []
     for capacity in sweep["capacities"]:
         pair = {r["eviction"]: r for r in sub if r["capacity_tokens"] == capacity}
@@ -295,6 +279,25 @@ def workers_section(rows: Sequence[Row], layout: dict[str, Any]) -> str:
         f"`{layout['workers']['command']}` for N in {counts[0]}..{counts[-1]}\n\n"
         + markdown_table(table, columns)
         + "\n"
+    )
+
+
+def routing_ceiling_section(rows: Sequence[Row], layout: dict[str, Any]) -> str:
+    """Every router on GSP with a capacity nothing is evicted from (section 6)."""
+    ceiling = layout["routing_ceiling"]
+    columns = (
+        ("router", "policy", "{}"),
+        ("hit rate", "hit_rate", "{:.3f}"),
+        ("p50 latency (s)", "p50_latency_s", "{:.2f}"),
+        ("p50 TTFT (s)", "p50_ttft_s", "{:.2f}"),
+        ("req/s", "throughput_rps", "{:.2f}"),
+    )
+    return (
+        f"`{ceiling['command']}` ({ceiling['capacity_tokens']:,} tokens a worker: every prompt "
+        "and output token of the workload)\n\n"
+        + markdown_table(rows_in(rows, "routing_ceiling"), columns)
+        + f"\n\n- offline ceiling (any routing, one tree): "
+        f"**{layout['fleet']['gsp']['ceiling']:.3f}**\n"
     )
 
 

@@ -68,7 +68,6 @@ from _fleet import (
     CPUS,
     Balancer,
     InstantWorkers,
-    RedisServer,
     busy_fraction,
     children_cpu_s,
     group_cpu_s,
@@ -82,6 +81,7 @@ from _fleet import (
 
 from sim.loadgen import BenchConfig, benchmark
 from sim.local_cluster import LocalCluster
+from sim.local_redis import RedisServer
 from sim.report import markdown_table
 from sim.workloads import GSPConfig, GSPWorkload
 
@@ -416,7 +416,7 @@ def run_workload(args: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         flush=True,
     )
     rows: list[dict[str, Any]] = []
-    store = RedisServer()
+    store = RedisServer().start()
     try:
         with LocalCluster(
             workers=args.workers, eviction="rlt", profile=PROFILE, time_scale=args.time_scale
@@ -441,7 +441,7 @@ def run_throughput(args: Any) -> list[dict[str, Any]]:
     specs = THROUGHPUT_ROWS + (() if args.no_kernel_balancer else KERNEL_ROWS)
     workers = InstantWorkers(2)
     runs: dict[str, list[dict[str, Any]]] = {spec.label: [] for spec in specs}
-    store = RedisServer()
+    store = RedisServer().start()
     try:
         pool = [(url, workers.proc) for url in workers.urls]
         for repeat in range(args.repeats):

@@ -84,6 +84,7 @@ from _tree_shapes import (
     churn_row,
     churn_sample,
     eviction_row,
+    prefill_summary,
 )
 
 from engine_ext.cache.keys import key_to_ids
@@ -363,6 +364,7 @@ def columns(device: str) -> tuple[tuple[str, str, str], ...]:
         ("rlt <= lru", "meets_target", "{}"),
         (f"floor {clock} ms", "floor_median_ms", "{:.2f}"),
         ("floor/lru", "floor_over_lru_text", "{}"),
+        ("rlt / prefill", "rlt_prefill_share", "{:.3%}"),
     )
 
 
@@ -516,6 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{len(churn_batched)} with {args.churn_batch} requests a batch "
         f"(median of {churn_repeats} streams)"
     )
+    print(prefill_summary([*rows, *churn, *churn_batched]) + " (fresh trees and churn)")
     sys.stdout.flush()
     path = write_json(
         args.out,

@@ -41,6 +41,21 @@ def test_a_row_pairs_the_repetitions_and_reports_their_quartiles() -> None:
     assert eviction_row("gsp", 1_000, two, 1.5)["paired_ratio_quartiles"] == [2.875, 7.625]
 
 
+def test_a_row_weighs_each_policy_against_the_prefill_it_makes_room_for() -> None:
+    """ns per token freed over the reference profile's prefill (0.114 ms a token): RLT's
+    target is 1% of it."""
+    cheap = {
+        "lru": {"ns": [1_000_000], "freed": [1_000]},
+        "rlt": {"ns": [1_140_000], "freed": [1_000]},  # 1,140 ns a token: 1% exactly
+    }
+    row = eviction_row("gsp", 1_000, cheap, 1.5)
+    assert row["rlt_prefill_share"] == pytest.approx(0.01)
+    assert row["lru_prefill_share"] == pytest.approx(1_000 / 114_000, abs=1e-6)
+    assert row["rlt_within_prefill_target"] == "yes"
+    cheap["rlt"]["ns"] = [1_150_000]
+    assert eviction_row("gsp", 1_000, cheap, 1.5)["rlt_within_prefill_target"] == "no"
+
+
 def run(call_ns: list[int], freed: int, hits: int = 50, tokens: int = 100) -> dict[str, object]:
     return {
         "requests": 3,

@@ -1,5 +1,6 @@
-"""REPRODUCTION.md's judgements (issue 31): no ratio over an LRU that hit nothing, bands and
-verdicts, the throughput test of "gains vanish", and a plan whose every command parses."""
+"""REPRODUCTION.md's judgements: no ratio over an LRU that hit nothing, bands and verdicts, the
+throughput test of "gains vanish", a plan whose every command parses, and a page whose every
+placeholder is filled."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import paper_reproduction
 import reproduction
 from reproduction_bands import (
     Band,
@@ -23,41 +23,10 @@ from reproduction_bands import (
     workers_bands,
 )
 
+from reproduction_plan import workload_of
+from reproduction_rows import POLICIES
+
 from kvroute.cli import build_parser
-
-
-# -- paper_reproduction: the >= 5x target -------------------------------------------------------
-def test_an_lru_that_hit_nothing_never_meets_the_target() -> None:
-    assert paper_reproduction._meets(0.554, 0.0, 5.0) == "n/a (lru 0)"
-    assert paper_reproduction._meets(0.0, 0.0, 5.0) == "n/a (both 0)"
-    assert paper_reproduction._meets(0.5, 0.1, 5.0) == "yes"
-    assert paper_reproduction._meets(0.49, 0.1, 5.0) == "no"
-
-
-def _sweep_row(capacity: int, eviction: str, hit: float) -> dict[str, Any]:
-    return {
-        "capacity_tokens": capacity,
-        "eviction": eviction,
-        "hit_rate": hit,
-        "paper_default_capacity": capacity == 196_000,
-        "capacity_factor": capacity / 200_000,
-        "p50_latency_s": 1.0,
-    }
-
-
-def test_the_sweep_summary_counts_only_ratios_of_two_hits() -> None:
-    rows = [
-        _sweep_row(196_000, "lru", 0.0),
-        _sweep_row(196_000, "rlt", 0.4),  # "inf" before: counted as meeting >= 5x
-        _sweep_row(300_000, "lru", 0.1),
-        _sweep_row(300_000, "rlt", 0.3),
-    ]
-    _, points = paper_reproduction.sweep_table(rows)
-    assert [p["meets_target"] for p in points] == ["n/a (lru 0)", "no"]
-    summary = paper_reproduction.sweep_summary(points)
-    assert "holds at: nowhere" in summary
-    assert "lru hits nothing at 1 of 2 capacities" in summary
-    assert "none (lru 0)" in summary
 
 
 # -- bands and verdicts -------------------------------------------------------------------------
@@ -165,4 +134,55 @@ def test_every_planned_command_parses_and_runs_the_papers_set_up() -> None:
         "cyclic_band",
         "band:gsp",
         "band:gsp_ids",
+        "routing_ceiling",
     }
+    ceiling = [t for t in tasks if t.table == "routing_ceiling"]
+    assert {t.policy for t in ceiling} == set(POLICIES)
+    capacity = layout["routing_ceiling"]["capacity_tokens"]
+    workload = workload_of(ceiling[0].workload)
+    assert capacity == sum(len(r.prompt) + r.max_new_tokens for r in workload)  # nothing evicted
+
+
+# -- the page ------------------------------------------------------------------------------------
+def test_the_page_is_the_template_with_every_placeholder_filled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every ``$name`` of ``reproduction_template.md`` gets a value (``substitute`` refuses a
+    missing one), each value lands on the page, and none is left over."""
+    import argparse
+    import string
+
+    import reproduction_page
+
+    sections = (
+        "headline",
+        "headline_verdict",
+        "profile_table",
+        "fleet_section",
+        "bands_section",
+        "marking_note",
+        "sensitivity_section",
+        "sweep_section",
+        "pass_section",
+        "workers_section",
+        "routing_ceiling_section",
+        "trace_section",
+        "capacity_note",
+        "strict_threshold",
+    )
+    for name in sections:
+        monkeypatch.setattr(reproduction_page, name, lambda *a, _n=name: f"<{_n}>")
+    figures = {k: f"<figure {k}>" for k in ("latency", "hit", "pass", "sweep", "workers")}
+    timing = {"jobs": 2, "wall_s": 3600.0, "simulations": 9, "date": "D", "commit": "c0ffee"}
+    timing["dirty"] = False
+    args = argparse.Namespace(quick=False)
+    page = reproduction_page.render([], {"fleet": {"gsp": {}}}, figures, args, timing)
+    template = string.Template(reproduction_page.TEMPLATE.read_text())
+    assert template.is_valid()
+    assert "$" not in page
+    for name in sections:
+        assert f"<{name}>" in page, name
+    for shown in figures.values():
+        assert f"({shown})" in page
+    assert "**60 min** wall" in page
+    assert "\n\n\n" not in page

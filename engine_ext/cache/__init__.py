@@ -18,6 +18,7 @@ from engine_ext.cache.radix import (
     RadixCache,
 )
 from engine_ext.cache.rlt import RLTEviction
+from engine_ext.cache.rlt_reference import RLTReference
 
 __all__ = [
     "MARKINGS",
@@ -29,6 +30,7 @@ __all__ = [
     "LRUEviction",
     "MatchResult",
     "RLTEviction",
+    "RLTReference",
     "RadixCache",
     "RadixNode",
     "as_key",

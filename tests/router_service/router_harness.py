@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-import redis
 import redis.asyncio as aioredis
 import uvicorn
 from fastapi import FastAPI
@@ -33,6 +32,7 @@ from router_service.http_protocol import guarded_protocol
 from router_service.listeners import bind_listeners
 from router_service.routing.load import DECAY_TICK_MS
 from router_service.settings import Settings
+from sim.local_redis import RedisServer  # shared with the benchmarks; the tests import it here
 
 T = TypeVar("T")
 
@@ -186,71 +186,6 @@ class RouterServer:
         self._control_sock.close()
 
 
-class RedisServer:
-    """A real ``redis-server`` on a fixed free port; can be stopped and started again (the
-    port lies outside the ephemeral range, so no other test server takes it meanwhile)."""
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or port_outside_ephemeral_range()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def exists(self, key: str) -> int:
-        """Redis' EXISTS on ``key``, over a connection of its own."""
-        client = redis.Redis.from_url(self.url)
-        try:
-            return int(client.exists(key))
-        finally:
-            client.close()
-
-    def start(self) -> RedisServer:
-        exe = shutil.which("redis-server")
-        assert exe is not None
-        self.proc = subprocess.Popen(
-            [
-                exe,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # its own process group, killed whole on stop
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), 0.2) as conn,
-            ):
-                conn.sendall(b"PING\r\n")
-                if conn.recv(16).startswith(b"+PONG"):
-                    return self
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError("redis-server did not answer PING")
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-
-
 def require_redis_server() -> None:
     if shutil.which("redis-server") is not None:
         return
@@ -265,7 +200,7 @@ def require_redis_server() -> None:
 def start_redis(port: int | None = None) -> RedisServer:
     for _ in range(3):  # the free port may be taken between picking and binding
         try:
-            return RedisServer(port).start()
+            return RedisServer(port or port_outside_ephemeral_range()).start()
         except RuntimeError:
             if port is not None:
                 raise
