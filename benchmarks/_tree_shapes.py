@@ -11,7 +11,7 @@ virtualenv (no River) can use it too.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence, Sized
+from collections.abc import Callable, Iterable, Sequence, Sized
 from typing import Any
 
 import numpy as np
@@ -123,10 +123,10 @@ def prefill_summary(rows: Sequence[dict[str, Any]]) -> str:
     )
 
 
-def _prefill_columns(row: dict[str, Any]) -> None:
+def _prefill_columns(row: dict[str, Any], policies: Iterable[str]) -> None:
     """Each policy's ns per token as a share of prefill, and whether RLT's is within the
     target."""
-    for policy in ("lru", "rlt"):
+    for policy in policies:
         row[f"{policy}_prefill_share"] = round(prefill_share(row[f"{policy}_ns_per_token"]), 6)
     row["rlt_within_prefill_target"] = (
         "yes" if row["rlt_prefill_share"] <= PREFILL_SHARE_TARGET else "no"
@@ -206,7 +206,7 @@ def churn_row(
     row["rlt_over_lru"] = ratio(rlt, lru)
     row["rlt_over_lru_text"] = format_ratio(rlt, lru)
     row["meets_target"] = "yes" if rlt <= target_ratio * lru else "no"
-    _prefill_columns(row)
+    _prefill_columns(row, samples)
     paired = [
         rlt_rep / lru_rep
         for rlt_rep, lru_rep in zip(per_token["rlt"], per_token["lru"], strict=True)
@@ -279,7 +279,7 @@ def eviction_row(
     row["rlt_over_lru"] = ratio(rlt, lru)
     row["rlt_over_lru_text"] = format_ratio(rlt, lru)
     row["meets_target"] = "yes" if rlt <= target_ratio * lru else "no"
-    _prefill_columns(row)
+    _prefill_columns(row, samples)
     # The spread: repetition i times both policies on trees of one seed, back to back, so
     # its ratio is one paired measurement; their quartiles show how firm the verdict is.
     paired = [

@@ -49,6 +49,9 @@ from sim.report import markdown_table
 
 NAME = "eviction_cost"
 POLICIES = ("lru", "rlt")
+# Timed on fresh trees next to them: rlt's loop as the paper writes it, page by page in Python
+# (what rlt runs where the C extension is not built), the cost the compiled draw removes.
+REFERENCE = "rlt_reference"
 EVICT_TOKENS = (1_000, 10_000, 50_000)
 TREE_TOKENS = 100_000
 TARGET_RATIO = 1.5
@@ -92,9 +95,10 @@ def measure_point(
     keys: Sequence[str], capacity: int, tokens: int, repeats: int
 ) -> dict[str, dict[str, list[int]]]:
     """Per policy: ns and tokens freed of each repetition, policies interleaved."""
-    samples: dict[str, dict[str, list[int]]] = {p: {"ns": [], "freed": []} for p in POLICIES}
+    policies = (*POLICIES, REFERENCE)
+    samples: dict[str, dict[str, list[int]]] = {p: {"ns": [], "freed": []} for p in policies}
     for rep in range(repeats):
-        order = POLICIES if rep % 2 == 0 else POLICIES[::-1]
+        order = policies if rep % 2 == 0 else policies[::-1]
         for policy in order:
             cache = build(keys, policy, capacity, seed=rep)
             elapsed, freed = timed_evict(cache, tokens)
@@ -161,6 +165,8 @@ COLUMNS = (
     ("paired IQR", "paired_ratio_text", "{}"),
     (f"<= {TARGET_RATIO:g}x", "meets_target", "{}"),
     ("rlt / prefill", "rlt_prefill_share", "{:.3%}"),
+    ("reference ns/token", f"{REFERENCE}_ns_per_token", "{:.0f}"),
+    ("reference / prefill", f"{REFERENCE}_prefill_share", "{:.3%}"),
 )
 CHURN_COLUMNS = churn_columns(f"<= {TARGET_RATIO:g}x")
 SHAPE_COLUMNS = (

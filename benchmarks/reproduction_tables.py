@@ -285,17 +285,10 @@ def workers_section(rows: Sequence[Row], layout: dict[str, Any]) -> str:
 def routing_ceiling_section(rows: Sequence[Row], layout: dict[str, Any]) -> str:
     """Every router on GSP with a capacity nothing is evicted from (section 6)."""
     ceiling = layout["routing_ceiling"]
-    columns = (
-        ("router", "policy", "{}"),
-        ("hit rate", "hit_rate", "{:.3f}"),
-        ("p50 latency (s)", "p50_latency_s", "{:.2f}"),
-        ("p50 TTFT (s)", "p50_ttft_s", "{:.2f}"),
-        ("req/s", "throughput_rps", "{:.2f}"),
-    )
     return (
         f"`{ceiling['command']}` ({ceiling['capacity_tokens']:,} tokens a worker: every prompt "
         "and output token of the workload)\n\n"
-        + markdown_table(rows_in(rows, "routing_ceiling"), columns)
+        + markdown_table(rows_in(rows, "routing_ceiling"), FLEET_COLUMNS)
         + f"\n\n- offline ceiling (any routing, one tree): "
         f"**{layout['fleet']['gsp']['ceiling']:.3f}**\n"
     )

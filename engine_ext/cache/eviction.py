@@ -52,9 +52,11 @@ EvictionPolicyFactory = Callable[["RadixCache", random.Random], EvictionPolicy]
 def _builtins(registry: Registry[EvictionPolicyFactory]) -> None:
     from engine_ext.cache.lru import LRUEviction
     from engine_ext.cache.rlt import RLTEviction
+    from engine_ext.cache.rlt_reference import RLTReference
 
     registry.register("lru", LRUEviction)
     registry.register("rlt", RLTEviction)
+    registry.register("rlt_reference", RLTReference)  # rlt's loop as written, page by page
 
 
 REGISTRY: Registry[EvictionPolicyFactory] = Registry(
