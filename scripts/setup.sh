@@ -3,7 +3,7 @@
 # Idempotent: a second run only checks what is installed. The first run downloads and
 # installs kvroute's dependencies and dev tools (pip shows its progress; about a minute and a
 # half on a 2-core machine) and, where a C compiler is, builds RLT's C loops
-# (engine_ext/cache/_kernels.c; without one the same loops run in numpy and Python).
+# (engine_ext/cache/_kernels.c; without one RLT runs its reference loop in Python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
