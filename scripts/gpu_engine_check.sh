@@ -19,12 +19,12 @@ if [ -d .whl ]; then
     --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH="/tmp/site:$PWD"
 fi
-# RLT's per-eviction loops in C, built next to their source if this machine can (else numpy),
-# and next to the installed copy that PYTHONPATH puts first.
+# RLT's per-eviction loops in C, built next to their source if this machine can (else the
+# reference loop runs), and next to the installed copy that PYTHONPATH puts first.
 if python3 setup.py -q build_ext --inplace >/dev/null 2>&1; then
   [ -d /tmp/site/engine_ext/cache ] && cp engine_ext/cache/_kernels*.so /tmp/site/engine_ext/cache/
 else
-  echo "no C compiler here: RLT's loops run in numpy (engine_ext.cache.kernels)"
+  echo "no C compiler here: RLT runs its reference loop (engine_ext.cache.rlt_reference)"
 fi
 # SGLang's CUDA kernel wheels (sgl_kernel, flashinfer, deep_gemm) are too large to travel;
 # stand-ins that fail when called let SGLang's modules import (scripts/gpu_kernel_stubs.py).
