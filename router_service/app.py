@@ -42,7 +42,7 @@ from router_service.dispatch import DispatchQueue
 from router_service.errors import ServiceError, error_response, internal_error_response
 from router_service.index_sync import IndexSync
 from router_service.kv_events import feed_from_settings
-from router_service.load_store import FallbackStore, RedisMirror, make_store
+from router_service.load_store import make_store
 from router_service.metrics import Metrics
 from router_service.model_snapshots import ModelSnapshots
 from router_service.proxy import forward
@@ -104,6 +104,7 @@ def _build_state(settings: Settings) -> ServiceState:
             settings.redis_timeout_ms,
             settings.time_scale,
             settings.load_sync_ms,
+            on_read_age=lambda age_s: _observe_copy_age(state, age_s),
         ),
         decisions=DecisionLog(settings.explain_buffer),
         replica_id=settings.replica_id or f"replica-{secrets.token_hex(4)}",
@@ -139,8 +140,6 @@ def _build_state(settings: Settings) -> ServiceState:
             state.now_ms,
             state.metrics,
         )
-    if isinstance(state.store, FallbackStore) and isinstance(state.store.backend, RedisMirror):
-        state.store.backend.on_read_age = state.metrics.load_copy_age_seconds.observe
     redis = None
     if settings.redis_url:
         # Separate from the load store's client: XREAD blocks for a second and snapshots are
@@ -165,6 +164,12 @@ def _build_state(settings: Settings) -> ServiceState:
             accept_worker=lambda url: settings.accepted_worker(url, state.own_ports()),
         )
     return state
+
+
+def _observe_copy_age(state: ServiceState, age_s: float) -> None:
+    """kvroute_load_copy_age_seconds, for the load mirror (built before the metrics are)."""
+    if state.metrics is not None:
+        state.metrics.load_copy_age_seconds.observe(age_s)
 
 
 def _discovery(state: ServiceState, target: str) -> WorkerDiscovery:

@@ -21,7 +21,7 @@ from starlette.responses import Response, StreamingResponse
 
 from router_service.breaker import Verdict
 from router_service.errors import ServiceError
-from router_service.load_store import StoreReservation
+from router_service.load_store import Ticket
 from router_service.request_parsing import ParsedRequest
 from router_service.routing import Decision, Outcome
 from router_service.state import ServiceState
@@ -71,7 +71,7 @@ class Flight:
     state: ServiceState
     parsed: ParsedRequest
     decision: Decision
-    reservation: StoreReservation | None
+    reservation: Ticket | None
     started: float = field(default_factory=time.perf_counter)
     first_byte: float | None = None
     closed: bool = False

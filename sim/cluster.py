@@ -26,8 +26,8 @@ from typing import Any
 
 from engine_ext.cache import RadixCache
 from router_service.routing import (
+    DecayedLoads,
     Decision,
-    EmbeddedLoadStore,
     Held,
     HoldQueue,
     HoldSettings,
@@ -170,7 +170,7 @@ def simulate(
         blocks=blocks,
     )
     feed = SimEventFeed(env, blocks, config.kv_event_delay_ms) if blocks is not None else None
-    store = EmbeddedLoadStore()
+    store = DecayedLoads()
     queue = HoldQueue(config.hold) if config.hold.enabled else None
     records: list[RequestRecord] = []
     in_flight: dict[str, _InFlight] = {}

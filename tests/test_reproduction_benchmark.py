@@ -22,7 +22,6 @@ from reproduction_bands import (
     verdict,
     workers_bands,
 )
-
 from reproduction_plan import workload_of
 from reproduction_rows import POLICIES
 

@@ -2,7 +2,7 @@
 
 from router_service.routing.features import FEATURE_NAMES, residual_features
 from router_service.routing.hold_queue import Held, HoldQueue, HoldSettings
-from router_service.routing.load import EmbeddedLoadStore, Reservation
+from router_service.routing.load import DecayedLoads, Reservation
 from router_service.routing.policies import (
     CACHE_AWARE_PRESETS,
     CacheAwarePolicy,
@@ -37,8 +37,8 @@ __all__ = [
     "FEATURE_NAMES",
     "CacheAwarePolicy",
     "Candidate",
+    "DecayedLoads",
     "Decision",
-    "EmbeddedLoadStore",
     "Held",
     "HoldQueue",
     "HoldSettings",

@@ -6,7 +6,7 @@ the tick it was last brought up to date; reads decay it. A reservation adds ``in
 remembers its tick; releasing subtracts ``inc * (31/32) ** ticks_since_reserve``, floored at 0,
 so a request's contribution leaves the load exactly as it would have decayed anyway.
 
->>> store = EmbeddedLoadStore()
+>>> store = DecayedLoads()
 >>> r = store.reserve("w", 100.0, now_ms=0)
 >>> round(store.read("w", now_ms=40), 3)   # two ticks
 93.848
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DECAY_FACTOR", "DECAY_TICK_MS", "EmbeddedLoadStore", "Reservation", "decayed"]
+__all__ = ["DECAY_FACTOR", "DECAY_TICK_MS", "DecayedLoads", "Reservation", "decayed"]
 
 DECAY_FACTOR = 31 / 32
 DECAY_TICK_MS = 20
@@ -40,8 +40,9 @@ class Reservation:
     tick: int
 
 
-class EmbeddedLoadStore:
-    """In-process store for one router replica; costs nothing when idle."""
+class DecayedLoads:
+    """Every worker's decayed load, on the clock the caller passes (``now_ms``): the
+    simulator's, or the service's through ``load_store.EmbeddedStore``. Costs nothing idle."""
 
     def __init__(self) -> None:
         self._loads: dict[str, tuple[float, int]] = {}

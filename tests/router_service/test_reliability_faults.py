@@ -225,6 +225,17 @@ def _id(resp: httpx.Response) -> str:
 
 
 # -- 500s and the circuit breaker ----------------------------------------------------------
+class BreakerClock:
+    """The breakers' clock (seconds): the test moves it past their open window instead of
+    waiting for it."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
 @pytest.mark.slow
 def test_worker_answering_500_trips_its_breaker_then_recovers(
     routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
@@ -239,6 +250,9 @@ def test_worker_answering_500_trips_its_breaker_then_recovers(
         breaker_open_s=1.0,
         health_interval_s=60,
     )
+    clock = BreakerClock()
+    for worker in router.app.state.kvroute.pool.workers.values():
+        worker.breaker.clock = clock
     statuses = [
         router.client.post("/generate", json={"text": f"t{i}"}).status_code for i in range(16)
     ]
@@ -257,14 +271,14 @@ def test_worker_answering_500_trips_its_breaker_then_recovers(
     assert bad_line["eligible"] is False
     assert "circuit open" in bad_line["reason"]
 
-    time.sleep(1.1)  # half-open: one trial; it fails, so the circuit opens again
+    clock.now_s += 1.0  # half-open: one trial; it fails, so the circuit opens again
     for i in range(4):
         router.client.post("/generate", json={"text": f"trial {i}"})
     assert bad.served() == 5
     assert _worker(router, bad.url)["circuit_opens"] == 2
 
     bad.fail_status = None
-    time.sleep(1.1)
+    clock.now_s += 1.0
     states = []
     for i in range(10):
         assert router.client.post("/generate", json={"text": f"back {i}"}).status_code == 200

@@ -1,25 +1,22 @@
 """The service's load stores against a real redis-server: decay on the server's clock,
-decayed-remainder release floored at 0, per-cluster keys, and the embedded fallback."""
+decayed-remainder release floored at 0, per-cluster keys, and the embedded fallback.
+
+Redis' clock cannot be moved, so a test that needs ticks to pass moves a key's tick back
+instead; the stores' own timers run on a ``ManualClock``."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from manual_clock import ManualClock, until
 from router_harness import RedisServer
 from router_harness import redis_tick as server_tick
 from router_harness import run_async as run
 
-from router_service.load_store import (
-    EmbeddedStore,
-    FallbackStore,
-    RedisStore,
-    StoreReservation,
-    make_store,
-)
+from router_service.load_store import EmbeddedStore, FallbackStore, RedisStore, Ticket, make_store
 from router_service.routing.load import DECAY_FACTOR
 
 W = "http://127.0.0.1:30001"
@@ -31,7 +28,7 @@ def _store(server: RedisServer, cluster: str) -> RedisStore:
 
 
 def test_reservation_carries_the_server_tick(redis_server: RedisServer, cluster_name: str) -> None:
-    async def body() -> tuple[int, StoreReservation, int]:
+    async def body() -> tuple[int, Ticket, int]:
         store = _store(redis_server, cluster_name)
         try:
             before = await server_tick(store.client)
@@ -51,32 +48,35 @@ def test_load_decays_by_31_32_per_20ms_tick(redis_server: RedisServer, cluster_n
         store = _store(redis_server, cluster_name)
         try:
             res = await store.reserve(W, 100.0)
-            await asyncio.sleep(0.2)
+            tick = res.tick - 10  # as if reserved ten ticks (200 ms) ago
+            await store.client.hset(store.key(W), "t", tick)
             before = await server_tick(store.client)
             value = (await store.read_many([W]))[W]
             after = await server_tick(store.client)
-            return res.tick, before, after, value
+            return tick, before, after, value
         finally:
             await store.close()
 
     tick, before, after, value = run(body)
-    # Exactly the decay for the ticks the server's clock says passed...
+    # Exactly the decay for the ticks the server's clock says passed: ten, and the few that
+    # passed meanwhile. 100 * (31/32)^10 ~ 72.8.
     assert 100 * F ** (after - tick) - 1e-9 <= value <= 100 * F ** (before - tick) + 1e-9
-    # ...which for a 200 ms sleep is ~10 ticks: 100 * (31/32)^10 ~ 72.8, give or take a tick
-    # (a few more if a loaded machine overslept).
-    assert 9 <= before - tick <= 20
-    assert 100 * F**21 <= value <= 100 * F**9
+    assert before - tick >= 10
+    assert value <= 100 * F**10 + 1e-9
 
 
 def test_release_subtracts_the_decayed_remainder(
     redis_server: RedisServer, cluster_name: str
 ) -> None:
-    async def body() -> tuple[StoreReservation, int, int, float]:
+    async def body() -> tuple[Ticket, int, int, float]:
         store = _store(redis_server, cluster_name)
         try:
             first = await store.reserve(W, 100.0)
             second = await store.reserve(W, 50.0)
-            await asyncio.sleep(0.1)
+            # As if both had been made five ticks (100 ms) earlier: the key's tick and theirs.
+            await store.client.hset(store.key(W), "t", second.tick - 5)
+            first.tick -= 5
+            second.tick -= 5
             before = await server_tick(store.client)
             await store.release(first)
             value = (await store.read_many([W]))[W]
@@ -86,7 +86,8 @@ def test_release_subtracts_the_decayed_remainder(
             await store.close()
 
     second, before, after, value = run(body)
-    # What is left is the second reservation, decayed as it would have anyway.
+    # What is left is the second reservation, decayed as it would have anyway (the first's
+    # undecayed 100 would leave 150 F^k - 100, below these bounds: k is five or more).
     assert (
         50 * F ** (after - second.tick) - 1e-6 <= value <= 50 * F ** (before - second.tick) + 1e-6
     )
@@ -118,7 +119,7 @@ def test_release_of_unknown_worker_writes_nothing(
     async def body() -> int:
         store = _store(redis_server, cluster_name)
         try:
-            await store.release(StoreReservation("http://never:1", 10.0, 0, "redis"))
+            await store.release(Ticket("http://never:1", 10.0, 0, "redis"))
             exists: int = await store.client.exists(store.key("http://never:1"))
             return exists
         finally:
@@ -163,17 +164,21 @@ def test_remove_deletes_the_key(redis_server: RedisServer, cluster_name: str) ->
 
 
 def test_embedded_store_has_the_same_semantics() -> None:
-    async def body() -> tuple[float, float, float]:
-        store = EmbeddedStore()
+    async def body() -> tuple[float, float, float, float]:
+        clock = ManualClock()
+        store = EmbeddedStore(clock=clock)
         res = await store.reserve(W, 100.0)
         fresh = (await store.read_many([W]))[W]
+        clock.advance(0.04)
+        later = (await store.read_many([W]))[W]
         await store.release(res)
         released = (await store.read_many([W]))[W]
         await store.release(res)
-        return fresh, released, (await store.read_many([W]))[W]
+        return fresh, later, released, (await store.read_many([W]))[W]
 
-    fresh, released, twice = run(body)
-    assert 100 * F <= fresh <= 100.0
+    fresh, later, released, twice = run(body)
+    assert fresh == 100.0
+    assert later == pytest.approx(100.0 * F**2)  # two ticks on its clock
     assert released == 0.0
     assert twice == 0.0
     assert EmbeddedStore().status() == {"mode": "embedded"}
@@ -191,7 +196,8 @@ def test_fallback_store_survives_an_outage_and_reconnects(
     own_redis: RedisServer, cluster_name: str
 ) -> None:
     async def body() -> None:
-        store = make_store(own_redis.url, cluster_name, 100)
+        clock = ManualClock()
+        store = make_store(own_redis.url, cluster_name, 100, clock=clock)
         assert isinstance(store, FallbackStore)
         try:
             before = await store.reserve(W, 100.0)
@@ -216,10 +222,8 @@ def test_fallback_store_survives_an_outage_and_reconnects(
             assert (await store.read_many([W]))[W] == pytest.approx(0.0, abs=1e-9)
 
             own_redis.start()
-            deadline = time.monotonic() + 10
-            while store.mode != "redis" and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            assert store.mode == "redis"
+            # The reconnect's backoff runs on the clock: 0.1 s, 0.2 s, 0.4 s, ...
+            await until(lambda: store.mode == "redis", 10.0, clock=clock, step_s=0.05)
             after = await store.reserve(W, 25.0)
             assert after.store == "redis"
             assert store.status()["outages"] == 1
