@@ -26,6 +26,8 @@ NOT_RUN = {
     "./scripts/demo.sh": "the demo itself: kvroute cluster, tests/test_cli_cluster.py",
     "./scripts/test.sh": "the test suite this test is part of",
     "docker compose": "needs a Docker engine; tests/docker validates the compose file",
+    "scripts/real_engine_setup.sh": "minutes of set-up: scripts/test_real_engine.sh (CI) runs it",
+    "kvroute cluster --engine": "real engines: tests/engine_real/test_cluster_command.py",
 }
 PORTS = (8000, 8001, 30001, 30002)  # the README's own router and workers
 

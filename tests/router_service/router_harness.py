@@ -51,7 +51,7 @@ def run_async(make: Callable[[], Awaitable[T]]) -> T:
 
 
 async def redis_tick(client: aioredis.Redis) -> int:
-    """The Redis server's clock in decay ticks (DESIGN 3.2), as its Lua scripts compute it."""
+    """The Redis server's clock in 20 ms decay ticks, as its Lua scripts compute it."""
     seconds, micros = await client.time()
     return int((seconds * 1000 + micros // 1000) // DECAY_TICK_MS)
 

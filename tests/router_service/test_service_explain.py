@@ -1,4 +1,4 @@
-"""``/explain``: the DESIGN 7 schema, dry runs that change nothing, recorded outcomes."""
+"""``/explain``: the schema of docs/explain.md, dry runs that change nothing, recorded outcomes."""
 
 from __future__ import annotations
 

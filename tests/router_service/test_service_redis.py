@@ -78,7 +78,7 @@ def test_load_reserved_on_one_replica_is_seen_by_another(
     assert out[0].status_code == 200
     assert out[0].headers["X-KVRoute-Worker"] == w1.url
     # A's release took back the decayed remainder: nothing is left for B to see (once A's
-    # next sync sent it and B's copy was refreshed: a few ms, DESIGN 3.2's bounded lag).
+    # next sync sent it and B's copy was refreshed: a few ms, the load mirror's bounded lag).
     assert wait_until(lambda: _queue(replica_b)[w1.url] < 1e-6, 1.0, 0.01)
     after = _queue(replica_b)
     assert after[w1.url] == pytest.approx(0.0, abs=1e-6)
