@@ -376,8 +376,8 @@ class KVRouteApp(FastAPI):
     """FastAPI, with the proxied routes (``POST`` on ``api_data.DATA_PLANE``) answered first.
 
     Every proxied request would otherwise pass FastAPI's and Starlette's middleware stack,
-    router and dependency machinery: about a tenth of the router's CPU per request. The
-    fast path does what that stack does for these routes: call the handler, turn a
+    router and dependency machinery (``benchmarks/proxy_overhead.py`` measures what that
+    costs). The fast path does what that stack does for these routes: call the handler, turn a
     ``ServiceError`` into its JSON error and anything unexpected into a logged 500.
     """
 
