@@ -18,6 +18,9 @@ from models.registry import ModelSpec, make_model, parse_spec
 __all__ = ["SHARINGS", "ModelBank"]
 
 SHARINGS = ("per_worker", "shared")
+# Fleet outcomes after which a worker's unrefreshed residual counts half (a worker taking a
+# fair share of 4-20 workers is refreshed every 4-20 outcomes: unaffected).
+STALE_HALF_LIFE = 200
 _SHARED_KEY = "*"
 
 
@@ -61,6 +64,10 @@ class ModelBank:
         self._one_hot: dict[str, dict[str, float]] = {}  # shared: worker -> its one-hot row
         self.failures = 0
         self.samples = 0
+        # The fleet's sample count at each model's last outcome: a residual learned long ago
+        # (in outcomes of the fleet) says less now, so that a worker priced out of traffic by
+        # a bad start is tried again, and corrected (``STALE_HALF_LIFE``).
+        self._last_sample: dict[str, int] = {}
 
     def spec_for(self, worker: str) -> ModelSpec:
         return self.overrides.get(worker, self.spec)
@@ -107,6 +114,9 @@ class ModelBank:
         if not math.isfinite(value):
             self.failures += 1
             return 0.0
+        last = self._last_sample.get(self._key(worker))
+        if last is not None and self.samples - last > STALE_HALF_LIFE / 8:
+            value *= 0.5 ** ((self.samples - last) / STALE_HALF_LIFE)
         # Residual targets are >= 1 ms by construction (LBGR trains on max(1, ...)), so a
         # negative prediction is never right; letting it through would make a worker look
         # faster than free and draw traffic it cannot serve. A signed model (``ratio``) is
@@ -127,6 +137,7 @@ class ModelBank:
             tracker = self._errors[worker] = RollingMAE(self.window)
         tracker.update(error)
         self.samples += 1
+        self._last_sample[key] = self.samples
         try:
             model.learn_one(self._features(worker, x), y)
         except Exception:  # noqa: BLE001 - isolate, count, keep routing
@@ -157,6 +168,7 @@ class ModelBank:
         models.pop(worker, None)
         errors.pop(worker, None)
         clone._models, clone._errors = models, errors
+        clone._last_sample = {k: v for k, v in self._last_sample.items() if k != worker}
         clone._one_hot = self._one_hot
         clone.failures, clone.samples = self.failures, self.samples
         return clone
@@ -166,6 +178,7 @@ class ModelBank:
             self._set_shared_workers([w for w in self._one_hot if w != worker])
         self._models.pop(worker, None)
         self._errors.pop(worker, None)
+        self._last_sample.pop(worker, None)
         self.overrides.pop(worker, None)
 
     def learned(self) -> dict[str, dict[str, float]]:

@@ -138,6 +138,7 @@ def _bank_state(bank: ModelBank) -> dict[str, Any]:
             w: {"errors": list(t._errors), "count": t.count} for w, t in list(bank._errors.items())
         },
         "shared_workers": list(bank._one_hot),
+        "last_sample": dict(bank._last_sample),
         "failures": bank.failures,
         "samples": bank.samples,
     }
@@ -184,6 +185,9 @@ def _bank_from(state: dict[str, Any]) -> ModelBank:
         errors.count = _int(tracked["count"], "count")
         bank._errors[worker] = errors
     bank._set_shared_workers([str(w) for w in state["shared_workers"]])
+    bank._last_sample = {
+        str(k): _int(v, "last_sample") for k, v in state.get("last_sample", {}).items()
+    }
     bank.failures = _int(state["failures"], "failures")
     bank.samples = _int(state["samples"], "samples")
     return bank

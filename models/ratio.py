@@ -42,7 +42,7 @@ from models.ewmean import EWMeanResidual
 
 __all__ = ["RatioResidual"]
 
-_MAX_LOG = 50.0  # exp(50) ~ 5e21: a bound that keeps predictions finite on any input
+_MAX_STEP_LOG = math.log(16.0)  # what one outcome may say, at most, of a worker's factor
 _MIN_RATIO = 1e-3
 
 
@@ -50,8 +50,11 @@ class RatioResidual(base.Regressor):
     """Per worker: geometric mean (exponentially weighted) of latency / estimate.
 
     ``forgetting`` plays ``ewmean``'s role (0.99: an effective memory of ~100 outcomes, so
-    one worker's factor is not re-drawn from a few noisy ones); ``p0`` is the RLS prior. An
-    ``estimate_ms`` that is missing, not a number or below 1 ms counts as 1 ms.
+    one worker's factor is not re-drawn from a few noisy ones); ``p0`` is the RLS prior. One
+    outcome counts as at most 16x (or 1/16x) the estimate, so a single stalled request cannot
+    set a factor of 1,000. An ``estimate_ms`` that is missing, not a number or below 1 ms
+    counts as 1 ms. (A factor learned from a slow start, on a worker that then gets no
+    traffic to correct it, fades with the fleet's outcomes: ``ModelBank``'s staleness.)
 
     The residual is *signed* (``signed = True``): LBGR trains it on ``latency - estimate``
     itself, not floored at 1 ms, and it may predict a negative residual. A fleet faster than
@@ -86,7 +89,7 @@ class RatioResidual(base.Regressor):
         # y is latency - estimate: the factor is (y + e) / e, below 1 for a worker faster
         # than the estimate (kept above 1e-3: a latency is never quite zero).
         ratio = max(_MIN_RATIO, 1.0 + y / self._estimate(x))
-        self._log_mean.learn_one({}, min(math.log(ratio), _MAX_LOG))
+        self._log_mean.learn_one({}, max(-_MAX_STEP_LOG, min(math.log(ratio), _MAX_STEP_LOG)))
 
     def predict_one(self, x: Features) -> float:
         return math.expm1(self._log_mean.predict_one({})) * self._estimate(x)

