@@ -350,6 +350,9 @@ def test_redis_killed_and_restarted_under_load_fails_no_request(
         "worker_urls": [w.url for w in two_workers],
         "redis_url": own_redis.url,
         "cluster": cluster_name,
+        # The outage counted is the kill; a busy machine's 50 ms stall (the default timeout)
+        # would count as a second one.
+        "redis_timeout_ms": 500.0,
     }
     replicas = [routers(**shared, replica_id="r1"), routers(**shared, replica_id="r2")]
     modes: set[str] = set()
