@@ -249,8 +249,7 @@ def test_rate_limit_answers_429_with_retry_after(
     limited = next(a for a in answers if a.status_code == 429)
     assert _error(limited, 429)["type"] == "rate_limited"
     assert int(limited.headers["Retry-After"]) >= 1
-    time.sleep(1.1)  # two tokens back
-    assert router.client.post("/generate", json={"text": "later"}).status_code == 200
+    # (Tokens coming back with time: TokenBuckets' doctest, on an injected clock.)
 
 
 def test_concurrent_bad_input_never_breaks_good_traffic(shared_router: Shared) -> None:
