@@ -18,8 +18,9 @@ from models.registry import ModelSpec, make_model, parse_spec
 __all__ = ["SHARINGS", "ModelBank"]
 
 SHARINGS = ("per_worker", "shared")
-# Fleet outcomes after which a worker's unrefreshed residual counts half (a worker taking a
-# fair share of 4-20 workers is refreshed every 4-20 outcomes: unaffected).
+# Fleet outcomes after which a worker's unrefreshed residual counts half, for models that
+# say they fade (``fades = True``: ``ratio``; the paper's ``ewmean`` stays as the paper has
+# it). A worker taking a fair share of 4-20 workers is refreshed every 4-20: unaffected.
 STALE_HALF_LIFE = 200
 _SHARED_KEY = "*"
 
@@ -115,7 +116,11 @@ class ModelBank:
             self.failures += 1
             return 0.0
         last = self._last_sample.get(self._key(worker))
-        if last is not None and self.samples - last > STALE_HALF_LIFE / 8:
+        if (
+            last is not None
+            and self.samples - last > STALE_HALF_LIFE / 8
+            and getattr(model, "fades", False)
+        ):
             value *= 0.5 ** ((self.samples - last) / STALE_HALF_LIFE)
         # Residual targets are >= 1 ms by construction (LBGR trains on max(1, ...)), so a
         # negative prediction is never right; letting it through would make a worker look

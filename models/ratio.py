@@ -63,6 +63,7 @@ class RatioResidual(base.Regressor):
     """
 
     signed = True
+    fades = True  # ModelBank fades a factor its worker has not refreshed (STALE_HALF_LIFE)
 
     def __init__(self, forgetting: float = 0.99, p0: float = 1e6) -> None:
         self.forgetting = forgetting

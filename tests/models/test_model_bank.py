@@ -268,21 +268,29 @@ def test_status_reports_what_each_workers_model_learned() -> None:
     assert set(ratio.learned()) == {"slow"}
 
 
-def test_a_residual_fades_while_its_worker_gets_no_outcomes() -> None:
+def test_a_ratio_fades_while_its_worker_gets_no_outcomes() -> None:
     """A worker priced out of traffic by a bad start (a cold first request) must be tried
-    again: its learned residual counts half after STALE_HALF_LIFE outcomes of the fleet, and
-    a worker that keeps getting outcomes is not affected."""
+    again: its learned residual (``ratio``) counts half after STALE_HALF_LIFE outcomes of the
+    fleet, and a worker that keeps getting outcomes is not affected."""
     from models.bank import STALE_HALF_LIFE
 
-    bank = ModelBank("ewmean")
-    bank.learn("cold", X, 5000.0)  # one slow start
-    assert bank.predict("cold", X) == pytest.approx(5000.0)
+    x = {"estimate_ms": 100.0}
+    bank = ModelBank("ratio")
+    bank.learn("cold", x, 900.0)  # one slow start: 10x the estimate
+    assert bank.predict("cold", x) == pytest.approx(900.0, rel=1e-4)
     for _ in range(STALE_HALF_LIFE):
-        bank.learn("busy", X, 50.0)
-    assert bank.predict("busy", X) == pytest.approx(50.0)  # refreshed every outcome
-    assert bank.predict("cold", X) == pytest.approx(2500.0, rel=0.01)
+        bank.learn("busy", x, 50.0)
+    assert bank.predict("busy", x) == pytest.approx(50.0)  # refreshed every outcome
+    assert bank.predict("cold", x) == pytest.approx(450.0, rel=0.01)
     for _ in range(STALE_HALF_LIFE):
-        bank.learn("busy", X, 50.0)
-    assert bank.predict("cold", X) == pytest.approx(1250.0, rel=0.01)
-    bank.learn("cold", X, 100.0)  # tried again: it learns, and is fresh again
-    assert bank.predict("cold", X) < 2600.0
+        bank.learn("busy", x, 50.0)
+    assert bank.predict("cold", x) == pytest.approx(225.0, rel=0.01)
+    bank.learn("cold", x, 0.0)  # tried again: it learns, and is fresh again
+    assert bank.predict("cold", x) < 900.0
+
+    # The paper's ewmean is left as the paper has it.
+    paper = ModelBank("ewmean")
+    paper.learn("cold", X, 5000.0)
+    for _ in range(2 * STALE_HALF_LIFE):
+        paper.learn("busy", X, 50.0)
+    assert paper.predict("cold", X) == pytest.approx(5000.0)
