@@ -1,4 +1,4 @@
-"""KV events vs the approximate index: index accuracy, routing, and what events cost (issue 33).
+"""KV events vs the approximate index: index accuracy, routing, and what events cost.
 
 Five parts, one JSON (``results/kv_events.json``) and markdown tables on stdout:
 

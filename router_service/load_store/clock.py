@@ -1,4 +1,4 @@
-"""The time the load stores read and wait on, passed in (STYLE 14).
+"""The time the load stores read and wait on, passed in.
 
 Every store that reads the time (the decay, the copy's age) or waits on it (the mirror's
 batching interval and sync timeout, the fallback's reconnect backoff, per-operation bounds)

@@ -1,4 +1,4 @@
-"""Attacks on the router, replayed against real processes on loopback (issue 37's findings).
+"""Attacks on the router, replayed against real processes on loopback (RELIABILITY.md, *Security*).
 
 Each test is one finding: the attack as it was reproduced, and what the router must do
 instead. ``RELIABILITY.md`` (*Security*) lists them with what was observed.
