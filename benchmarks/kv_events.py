@@ -3,7 +3,9 @@
 Five parts, one JSON (``results/kv_events.json``) and markdown tables on stdout:
 
 - **accuracy + routing, simulated** (``sim``): the same workload at the same load through a
-  fleet routed by ``lbgr`` on the approximate index, then on the workers' KV events
+  fleet routed by ``lbgr`` on the approximate index as it is (``learn_cache`` off), on the
+  index discounted by what the workers' answers say survives (``lbgr``'s default,
+  ``routing.survival``), then on the workers' KV events
   (``ClusterConfig.kv_events``: the reference cache's events, SGLang's wire format, the
   router's ``EventStream`` and ``BlockSets``), under LRU and RLT, for GSP and the Mooncake
   synthetic trace. Per run: the mean absolute error of the cached tokens the router
@@ -96,17 +98,26 @@ def sim_workload(name: str, quick: bool) -> Workload:
     return load_mooncake(str(TRACE), time_scale=0.22, limit=limit, seed=0)
 
 
-def sim_run(job: tuple[str, str, bool, bool]) -> dict[str, Any]:
-    workload_name, eviction, kv_events, quick = job
+SIM_INDEXES = ("approximate", "approximate + survival", "events")
+
+
+def sim_run(job: tuple[str, str, str, bool]) -> dict[str, Any]:
+    workload_name, eviction, index, quick = job
     workload = sim_workload(workload_name, quick)
-    config = ClusterConfig(workers=4, eviction=eviction, page_size=PAGE, kv_events=kv_events)
+    config = ClusterConfig(
+        workers=4,
+        eviction=eviction,
+        page_size=PAGE,
+        kv_events=index == "events",
+        policy_params={"learn_cache": index != "approximate"},
+    )
     started = time.perf_counter()
     run = simulate(config, workload)
     done = [r for r in run.records if r.finished_ms is not None and not r.failed]
     return {
         "workload": workload_name,
         "eviction": eviction,
-        "index": "events" if kv_events else "approximate",
+        "index": index,
         **accuracy([(r.predicted_cached or 0, r.cached_tokens) for r in done]),
         "hit_rate": _hit_rate(done),
         "p50_ms": pct([r.latency_ms or 0.0 for r in done], 0.5),
@@ -466,11 +477,11 @@ def main() -> int:
         print(json.dumps(figures["hash"], indent=1))
     if "sim" in args.parts:
         jobs = [
-            (w, e, kv, args.quick)
+            (w, e, index, args.quick)
             for w in ("gsp", "mooncake")
             if w == "gsp" or TRACE.exists()
             for e in ("lru", "rlt")
-            for kv in (False, True)
+            for index in SIM_INDEXES
         ]
         figures["sim"] = [sim_run(job) for job in jobs]
         cols = ["workload", "eviction", "index", "mae_tokens", "over_page_share", "hit_rate"]

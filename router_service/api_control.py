@@ -136,6 +136,7 @@ def _worker_view(state: ServiceState, url: str) -> dict[str, Any]:
         "other_kv_tokens": others[1],
         "queue_ms": state.last_queue_ms.get(url, 0.0),
         "index_units": state.router.index_units(url),
+        "cache_survival": state.router.survival.view(url),
         "kv_events": state.kv_feed.worker_status(url) if state.kv_feed is not None else None,
     }
 

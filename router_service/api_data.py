@@ -164,6 +164,7 @@ _CACHE_DETAIL = (
     "impact_ms",
     "cost_ms",
     "in_flight",
+    "index_cached",
 )
 
 

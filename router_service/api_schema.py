@@ -267,6 +267,11 @@ class WorkerAnswer(BaseModel):
     other_kv_tokens: float = Field(description="their KV tokens, by the worker's /metrics")
     queue_ms: float
     index_units: int
+    cache_survival: dict[str, Any] = Field(
+        description="what of the prefix index's belief the worker's answers say survives: "
+        "answers learned from, the share by octave of age (under 250 ms, 250-500 ms, ...) "
+        "and horizon_ms, the age from which less than half survives (null: none learned)"
+    )
 
 
 class WorkerListAnswer(BaseModel):

@@ -126,7 +126,7 @@ def _in(address: str, networks: list[ipaddress.IPv4Network | ipaddress.IPv6Netwo
 def route_only(state: ServiceState, parsed: ParsedRequest, statuses: list[Any]) -> Decision:
     """Decide (no side effects); 503 when no worker can take the request."""
     try:
-        return state.router.decide(parsed.route, statuses)
+        return state.router.decide(parsed.route, statuses, state.now_ms())
     except NoEligibleWorker as exc:
         if state.settings.expose_worker_urls:
             detail = str(exc)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +65,9 @@ def end_to_end(headers: Any, skip: frozenset[str]) -> dict[str, str]:
     return {k: v for k, v in items if k.lower() not in skip and k.lower() not in named}
 
 
+_TAIL_CHUNKS = 4  # a stream's last chunks kept: its last events say what was cached
+
+
 @dataclass
 class Flight:
     """One routed attempt: closes its decision exactly once."""
@@ -80,6 +84,9 @@ class Flight:
     events_to_free: int = 0  # with free_at_last_token: SSE events after which the slot goes
     events: int = 0  # SSE data events relayed (a stream's tokens, give or take a few)
     output_tokens: int | None = None  # tokens generated, as the answer says (or its events)
+    cached_tokens: int | None = None  # prompt tokens the worker found cached, as it says
+    # A stream's last chunks: its last events say what was cached.
+    tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=_TAIL_CHUNKS))
     breaker_trial: int | None = None  # the circuit breaker's trial slot this attempt holds
 
     def free_queue_slot(self) -> None:
@@ -143,7 +150,12 @@ class Flight:
         learned = state.router.complete(
             decision,
             Outcome(
-                ok, latency_ms if ok else None, ttft_ms, status, output_tokens=self.output_tokens
+                ok,
+                latency_ms if ok else None,
+                ttft_ms,
+                status,
+                output_tokens=self.output_tokens,
+                cached_tokens=self.cached_tokens,
             ),
         )
         record: dict[str, Any] = {
@@ -203,6 +215,60 @@ def completion_tokens(body: bytes, media_type: str | None) -> int | None:
     return total
 
 
+def _cached_in(item: object) -> int | None:
+    """SGLang's ``meta_info.cached_tokens`` or OpenAI's ``usage.prompt_tokens_details.
+    cached_tokens`` of one answer object (or stream event)."""
+    if not isinstance(item, dict):
+        return None
+    meta, usage = item.get("meta_info"), item.get("usage")
+    count = meta.get("cached_tokens") if isinstance(meta, dict) else None
+    if count is None and isinstance(usage, dict):
+        details = usage.get("prompt_tokens_details")
+        count = details.get("cached_tokens") if isinstance(details, dict) else None
+    return count if type(count) is int and count >= 0 else None
+
+
+def cached_tokens(body: bytes, media_type: str | None) -> int | None:
+    """Prompt tokens the worker found cached, from a JSON answer for one prompt; None when it
+    does not say (a batch's answer, an engine without cache reports).
+
+    >>> cached_tokens(b'{"meta_info": {"cached_tokens": 96}}', "application/json")
+    96
+    >>> cached_tokens(b'{"usage": {"prompt_tokens_details": {"cached_tokens": 64}}}', "json")
+    64
+    >>> cached_tokens(b'{"usage": {"prompt_tokens": 80}}', "application/json") is None
+    True
+    """
+    if not media_type or "json" not in media_type or len(body) > _MAX_USAGE_BODY:
+        return None
+    try:
+        return _cached_in(json.loads(body))
+    except ValueError:
+        return None
+
+
+def stream_cached_tokens(tail: bytes) -> int | None:
+    r"""The cached count of a stream's last event that has one (SGLang's ``/generate`` events
+    carry ``meta_info``; OpenAI streams only a final ``usage``, when asked for).
+
+    >>> stream_cached_tokens(b'data: {"meta_info": {"cached_tokens": 5}}\n\n'
+    ...                      b'data: {"meta_info": {"cached_tokens": 7}}\n\ndata: [DONE]\n\n')
+    7
+    >>> stream_cached_tokens(b'data: {"choices": []}\n\ndata: [DONE]\n\n') is None
+    True
+    """
+    for line in reversed(tail.split(b"\n")):
+        if not line.startswith(b"data:") or b"cached_tokens" not in line:
+            continue
+        try:
+            count = _cached_in(json.loads(line[5:]))
+        except ValueError:
+            continue
+        if count is not None:
+            return count
+    return None
+
+
 def _one_sequence(body: dict[str, Any]) -> bool:
     """One generated sequence per stream: no batch of prompts, no ``n`` or ``best_of`` > 1
     (their events interleave several sequences, so counting them would free a slot early)."""
@@ -242,6 +308,8 @@ async def relay(
         flight.first_byte = flight.first_byte or time.perf_counter()
         if ok:
             flight.output_tokens = completion_tokens(body, media_type)
+            if _one_sequence(flight.parsed.body):
+                flight.cached_tokens = cached_tokens(body, media_type)
         await flight.close(ok, status, worker_fault=upstream.status >= 500)
         return Response(
             body, status_code=upstream.status, headers=out_headers, media_type=media_type
@@ -272,11 +340,14 @@ async def _stream(flight: Flight, upstream: aiohttp.ClientResponse) -> AsyncGene
             flight.events += chunk.count(b"\ndata:") + chunk.startswith(b"data:")
             if flight.events_to_free:
                 flight.stream_chunk(chunk)
+            flight.tail.append(chunk)
             yield chunk
         completed = True
         # One event per token, less the closing [DONE] (and a chat stream's role-only event).
         extra = 1 + (flight.parsed.kind == "chat")
         flight.output_tokens = max(0, flight.events - extra)
+        if _one_sequence(flight.parsed.body):
+            flight.cached_tokens = stream_cached_tokens(b"".join(flight.tail))
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         # Bytes already reached the client, so no retry: end the stream with an SSE error
         # event the client can see (and no [DONE]: the answer is incomplete).

@@ -198,6 +198,7 @@ def simulate(
                 env.now_ms - sent,
                 None if first is None else first - sent,
                 output_tokens=req.generated,
+                cached_tokens=req.cached,
             ),
         )
         if on_progress is not None:

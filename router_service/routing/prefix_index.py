@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from engine_ext.cache.keys import Key, common_prefix_length
+from router_service.routing.survival import Segment
 
 __all__ = ["PrefixIndex"]
 
@@ -64,6 +65,37 @@ class PrefixIndex:
                 break
             node = child
         return pos, matched
+
+    def match_segments(self, key: Key, now_ms: float) -> dict[str, list[Segment]]:
+        """Per worker, its matched part of ``key`` as segments ``(start, end, age_ms)``: the
+        units of one node and how long ago the worker was last sent them (consecutive nodes of
+        the same age merge). A worker's last segment ends where ``match`` says it matches.
+
+        >>> index = PrefixIndex()
+        >>> index.insert("abcdef", "w", now_ms=0)
+        >>> index.insert("abcxyz", "w", now_ms=5_000)
+        >>> index.match_segments("abcdeq", now_ms=6_000)
+        {'w': [(0, 3, 1000.0), (3, 5, 6000.0)]}
+        """
+        node, pos, n = self.root, 0, len(key)
+        segments: dict[str, list[Segment]] = {}
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            common = common_prefix_length(child.key, key[pos : pos + len(child.key)])
+            start, pos = pos, pos + common
+            for worker, sent_ms in child.tenants.items():
+                age = max(0.0, float(now_ms - sent_ms))
+                runs = segments.setdefault(worker, [])
+                if runs and runs[-1][1] == start and runs[-1][2] == age:
+                    runs[-1] = (runs[-1][0], pos, age)
+                else:
+                    runs.append((start, pos, age))
+            if common < len(child.key):
+                break
+            node = child
+        return segments
 
     def insert(self, key: Key, worker: str, now_ms: float) -> None:
         """Record that ``worker`` was sent ``key``."""

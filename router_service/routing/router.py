@@ -8,6 +8,11 @@ With ``blocks`` (the workers' KV events, ``routing.block_sets``) a worker whose 
 live is matched on the pages it really holds, the request's token ids hashed as the engine
 hashes them; any other worker, or a request without token ids, on the approximate index.
 Each decision says which source each candidate's ``cached`` came from (``cache_sources``).
+
+For a policy that says ``learns_cache`` (``lbgr``), the approximate index is discounted by
+what the workers' answers say survives (``routing.survival``): a prefix the index says it
+sent a worker long ago counts as cached only in the share such prefixes were really found.
+Every answer that says how many prompt tokens the worker found cached teaches it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from router_service.routing.block_sets import BlockSets
 from router_service.routing.ledger import Ledger
 from router_service.routing.policy import RoutingPolicy
 from router_service.routing.prefix_index import PrefixIndex
+from router_service.routing.survival import CacheSurvival, Segment
 from router_service.routing.types import (
     Decision,
     Learned,
@@ -46,6 +52,7 @@ class Router:
         index: PrefixIndex | None = None,
         keys: BlockKeys | None = None,
         blocks: BlockSets | None = None,
+        survival: CacheSurvival | None = None,
     ) -> None:
         self.policy = policy
         self.index = index if index is not None else PrefixIndex()
@@ -58,6 +65,13 @@ class Router:
         self._policy_of: dict[str, RoutingPolicy] = {}  # open decision id -> its policy
         self._orphans: set[str] = set()  # open decisions whose worker was removed since
         self._last_match: tuple[str, dict[str, int]] = ("", {})
+        self._last_index: dict[str, int] = {}  # of the last match: the index's own belief
+        self._last_segments: dict[str, list[Segment]] = {}  # of the last match, when discounted
+        # What survives in the workers' caches, by age of the index's belief; the segments
+        # each open decision's worker was matched on, to learn from its answer.
+        self.survival = survival if survival is not None else CacheSurvival()
+        self._matched_on: dict[str, tuple[list[Segment], float]] = {}
+        self.clock_ms = 0.0  # the latest time a caller passed (decisions without one use it)
         self._last_sources: dict[str, str] = {}  # of the last match: worker -> source
         self._last_trim_ms = 0.0
 
@@ -79,6 +93,7 @@ class Router:
         self, request: RouteRequest, workers: Sequence[WorkerStatus]
     ) -> list[WorkerSnapshot]:
         matched = self._match(request)
+        believed = self._last_index
         ledger = self.ledger
         in_flight, pending = ledger.in_flight, ledger.pending_units
         prefill, pairs, kv = ledger.prefill_tokens, ledger.prefill_pairs, ledger.kv_tokens
@@ -91,6 +106,7 @@ class Router:
                 queue_ms=w.queue_ms,
                 in_flight=in_flight.get(w.url, 0),
                 cached=matched.get(w.url, 0),
+                index_cached=believed.get(w.url, 0),
                 index_units=self.index_units(w.url),
                 pending_units=pending.get(w.url, 0),
                 prefill_tokens=prefill.get(w.url, 0.0),
@@ -118,25 +134,49 @@ class Router:
             self._last_key = (request.request_id, key)
         return key
 
+    @property
+    def learns_cache(self) -> bool:
+        """Whether the policy routes on the index discounted by ``survival``."""
+        return bool(getattr(self.policy, "learns_cache", False))
+
     def _match(self, request: RouteRequest) -> dict[str, int]:
         """Cached units per worker for ``request`` (remembered for the commit that follows)."""
-        _, matched = self.index.match(self.index_key(request))
-        if self.keys is not None:
-            keys, total = self.keys, request.units
-            matched = {w: keys.units(m, total) for w, m in matched.items()}
+        key, total, keys = self.index_key(request), request.units, self.keys
+        segments: dict[str, list[Segment]] = {}
+        if self.learns_cache:
+            for worker, runs in self.index.match_segments(key, self.clock_ms).items():
+                if keys is not None:  # digest characters to prompt units (whole blocks)
+                    runs = [(keys.units(a, total), keys.units(b, total), age) for a, b, age in runs]
+                    runs = [run for run in runs if run[1] > run[0]]
+                if runs:
+                    segments[worker] = runs
+            believed = {w: runs[-1][1] for w, runs in segments.items()}
+            expected = self.survival.expected
+            whole_from = getattr(self.policy, "whole_survival", None)
+            matched = {
+                w: min(believed[w], int(expected(w, runs, whole_from) + 0.5))
+                for w, runs in segments.items()
+            }
+        else:
+            _, matched = self.index.match(key)
+            if keys is not None:
+                matched = {w: keys.units(m, total) for w, m in matched.items()}
+            believed = dict(matched)
         blocks = self.blocks
         if blocks is not None and blocks.workers:
             sources: dict[str, str]
             if request.tokens:
                 exact, sources = blocks.match(request.request_id, request.key, blocks.workers)
                 for worker, tokens in exact.items():
-                    matched[worker] = min(tokens, request.units)
+                    matched[worker] = believed[worker] = min(tokens, request.units)
                     sources[worker] = "events"
+                    segments.pop(worker, None)  # exact: nothing to learn about the index
             else:
                 why = "the request has no token ids (text routed without --tokenizer)"
                 sources = dict.fromkeys(blocks.workers, why)
             self._last_sources = sources
         self._last_match = (request.request_id, matched)
+        self._last_index, self._last_segments = believed, segments
         return matched
 
     def cached_for(self, request: RouteRequest, worker: str) -> int:
@@ -163,8 +203,13 @@ class Router:
             return units
         return units // CHARS_PER_BLOCK * self.keys.block_units
 
-    def decide(self, request: RouteRequest, workers: Sequence[WorkerStatus]) -> Decision:
-        """The decision the router would take now; changes nothing."""
+    def decide(
+        self, request: RouteRequest, workers: Sequence[WorkerStatus], now_ms: float | None = None
+    ) -> Decision:
+        """The decision the router would take now (``now_ms``, else the latest time a caller
+        passed: the age of the index's beliefs); changes nothing but that clock."""
+        if now_ms is not None and now_ms > self.clock_ms:
+            self.clock_ms = now_ms
         decision = self.policy.decide(request, self.snapshots(request, workers))
         if self.blocks is not None and self.blocks.workers:
             decision = replace(decision, cache_sources=dict(self._last_sources))
@@ -173,7 +218,12 @@ class Router:
     def commit(self, request: RouteRequest, decision: Decision, now_ms: float) -> None:
         """Apply a decision: the policy's bookkeeping, the index insert, the in-flight count."""
         chosen = decision.chosen
+        if now_ms > self.clock_ms:
+            self.clock_ms = now_ms
         uncached = request.units - self.cached_for(request, chosen)
+        segments = self._last_segments.get(chosen)
+        if segments:  # learn from its answer what of the index's belief survived
+            self._matched_on[decision.decision_id] = (segments, request.tokens_per_unit)
         if self.blocks is not None and request.tokens:
             # It must store pages if it prefills one or more: its events are due. Until it
             # ends, its pages count as the worker's (it stores them as it prefills).
@@ -194,7 +244,7 @@ class Router:
     def route(
         self, request: RouteRequest, workers: Sequence[WorkerStatus], now_ms: float
     ) -> Decision:
-        decision = self.decide(request, workers)
+        decision = self.decide(request, workers, now_ms)
         self.commit(request, decision, now_ms)
         return decision
 
@@ -206,10 +256,15 @@ class Router:
         """Close a routed request; a learning policy trains on its outcome."""
         if self.blocks is not None:
             self.blocks.close(decision.decision_id)
+        matched_on = self._matched_on.pop(decision.decision_id, None)
         if decision.decision_id in self._orphans:  # its worker is gone: nothing to update
             self._orphans.discard(decision.decision_id)
             return None
         self.ledger.close(decision.decision_id, outcome.output_tokens)
+        if matched_on is not None and outcome.ok and outcome.cached_tokens is not None:
+            segments, per_unit = matched_on
+            units = outcome.cached_tokens / per_unit if per_unit > 0 else 0.0
+            self.survival.observe(decision.chosen, segments, units, per_unit)
         policy = self._policy_of.pop(decision.decision_id, None)
         if policy is None:  # never committed here: only the current policy can judge it
             if decision.policy != self.policy.name:
@@ -240,4 +295,5 @@ class Router:
             self._policy_of.pop(decision_id, None)
         self._orphans.update(orphans)
         self.index.remove_worker(url)
+        self.survival.forget_worker(url)
         self.policy.forget_worker(url)

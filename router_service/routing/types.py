@@ -99,6 +99,9 @@ class WorkerSnapshot:
     output_tokens: float = 0.0  # what the router expects this request to generate
     other_requests: float = 0.0  # ``WorkerStatus``'s: load this router did not send
     other_kv_tokens: float = 0.0
+    # What the index itself believes cached, before ``cached`` discounted it by what survives
+    # (``Router``, ``routing.survival``); None: not given (``cached`` is the belief).
+    index_cached: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,7 @@ class Candidate:
     in_flight: int | None = None
     impact_ms: float | None = None  # lbgr: what the request would cost the worker's others
     cost_ms: float | None = None  # lbgr: what the argmin ranks (predicted + impact)
+    index_cached: int | None = None  # lbgr: the index's belief before the survival discount
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -130,6 +134,7 @@ class Candidate:
             "in_flight": self.in_flight,
             "impact_ms": self.impact_ms,
             "cost_ms": self.cost_ms,
+            "index_cached": self.index_cached,
             "eligible": self.eligible,
             "reason": self.reason,
         }
@@ -196,6 +201,7 @@ class Outcome:
     ttft_ms: float | None = None
     status: str = "ok"
     output_tokens: int | None = None  # tokens generated, when the answer says
+    cached_tokens: int | None = None  # prompt tokens the worker found cached, when it says
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,7 @@ class FakeWorker:
         self.set_cookie: str | None = None  # a Set-Cookie header on every non-streamed answer
         self.reply_headers: dict[str, str] = {}  # more headers on every non-streamed answer
         self.gzip = False  # compress non-streamed answers when the request accepts gzip
+        self.cached_tokens: int | None = None  # reported as found cached (None: not reported)
         self.host = host
         self.port = 0
         self.received: list[Received] = []
@@ -194,6 +195,8 @@ class FakeWorker:
             return self._fail()
         prompt = body.get("text") if body.get("text") is not None else body.get("input_ids")
         meta = {"id": f"gen-{self.name}", "prompt_tokens": len(prompt or ()), "worker": self.name}
+        if self.cached_tokens is not None:
+            meta["cached_tokens"] = self.cached_tokens
         if body.get("stream"):
             events, text = [], ""
             for i in range(self.chunks):
@@ -203,12 +206,15 @@ class FakeWorker:
         text = "".join(self._text(i) for i in range(self.chunks))
         return self._reply({"text": text, "meta_info": {**meta, "completion_tokens": self.chunks}})
 
-    def _usage(self) -> dict[str, int]:
-        return {
+    def _usage(self) -> dict[str, Any]:
+        usage: dict[str, Any] = {
             "prompt_tokens": 5,
             "completion_tokens": self.chunks,
             "total_tokens": 5 + self.chunks,
         }
+        if self.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._receive(request)

@@ -160,3 +160,39 @@ def test_explain_matches_the_decision_taken(
     else:  # 125 cached tokens save ~15 ms; the busy worker's request in flight costs more
         assert decisions[1] == idle.url
         assert busy.served() == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_answers_cached_counts_teach_what_survives(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker], stream: bool
+) -> None:
+    """The workers' answers say they found nothing cached: lbgr learns, over real HTTP, that
+    its index's belief in what it sent them does not survive (the fake worker's answers carry
+    SGLang's ``meta_info.cached_tokens``; streams carry it in their events)."""
+    a, b = workers("a"), workers("b")
+    for w in (a, b):
+        w.cached_tokens = 0
+    router = routers(worker_urls=[a.url, b.url], policy="lbgr")
+    prompt = _prompt(0, 200)
+    with http_client(router.url) as client:
+        for _ in range(40):
+            resp = client.post("/generate", json={"text": prompt, "stream": stream})
+            assert resp.status_code == 200
+            resp.read()
+    views = router.control.get("/workers").json()["workers"]
+    answers = {v["url"]: v["cache_survival"]["answers"] for v in views}
+    assert sum(answers.values()) >= 30, answers  # the first answers found no belief to test
+    learned = max(views, key=lambda v: v["cache_survival"]["answers"])
+    assert learned["cache_survival"]["survival"][0] < 0.5  # what was sent moments ago: gone
+    explained = router.admin.post("/explain", json={"text": prompt}).json()["candidates"]
+    cand = next(c for c in explained if c["worker"] == learned["url"])
+    assert cand["index_cached"] == 200
+    assert cand["cached"] < 50
+    # The answers of an engine that does not report a count teach nothing.
+    for w in (a, b):
+        w.cached_tokens = None
+    with http_client(router.url) as client:
+        for _ in range(5):
+            assert client.post("/generate", json={"text": prompt}).status_code == 200
+    after = router.control.get("/workers").json()["workers"]
+    assert {v["url"]: v["cache_survival"]["answers"] for v in after} == answers

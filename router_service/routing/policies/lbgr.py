@@ -39,6 +39,10 @@ Two estimates (``estimate``):
   Defaults are the paper code's (``sgl-router/src/router.rs``: a = 0, b_c = 0, b_u = 1000,
   alpha = 1), with ``ewmean`` at the forgetting factor it passes (0.992, ``lib.rs``).
 
+The default also routes on the prefix index discounted by what the workers' answers say
+survives (``learn_cache``, ``router_service.routing.survival``); ``lbgr_paper`` on the index
+as it is.
+
 Either way the chosen worker's decayed load is reserved by ``base`` (shared with other
 replicas through Redis), and on completion the worker's residual model learns
 ``max(1, latency - (base + alpha * queue))``, or the residual unfloored for a signed model
@@ -98,6 +102,8 @@ class LBGRPolicy:
         impact: float = 1.0,
         margin_ms: float = 1.0,
         sharing: str = "per_worker",
+        learn_cache: bool = True,
+        whole_survival: float = 0.2,
     ) -> None:
         if estimate not in ESTIMATES:
             raise ValueError(f"unknown estimate {estimate!r}; known: {', '.join(ESTIMATES)}")
@@ -123,6 +129,14 @@ class LBGRPolicy:
             ):
                 if getattr(self, name) < 0:
                     raise ValueError(f"{name} must be >= 0")
+        if not isinstance(learn_cache, bool):
+            raise ValueError(f"learn_cache must be true or false, got {learn_cache!r}")
+        # Route on the index discounted by what the workers' answers say survives (Router):
+        # a belief that survives at least ``whole_survival`` of the time counts whole.
+        self.learns_cache = learn_cache
+        self.whole_survival = number("whole_survival", whole_survival)
+        if not 0.0 <= self.whole_survival <= 1.0:
+            raise ValueError(f"whole_survival must be in [0, 1], got {whole_survival!r}")
         self.models = ModelSlot(model, sharing=sharing)
 
     def base_ms(self, cached: int, uncached: int) -> float:
@@ -193,6 +207,7 @@ class LBGRPolicy:
                 in_flight=w.in_flight,
                 impact_ms=impact,
                 cost_ms=cost,
+                index_cached=w.index_cached,
             )
             candidates.append(cand)
             if best is None or cost < best.cost_ms - self.margin_ms:  # type: ignore[operator]
@@ -236,6 +251,7 @@ def lbgr_paper(rng: random.Random, **params: Any) -> LBGRPolicy:
     """The paper's LBGR exactly: its estimate, constants and residual (``lbgr_paper``)."""
     params.setdefault("model", PAPER_MODEL)
     params.setdefault("estimate", "paper")
+    params.setdefault("learn_cache", False)  # the paper's index: what it sent, undiscounted
     policy = LBGRPolicy(rng, **params)
     policy.name = "lbgr_paper"
     return policy
