@@ -90,26 +90,32 @@ def accuracy(pairs: list[tuple[int, int]]) -> dict[str, float | None]:
 
 
 # -- simulated ------------------------------------------------------------------------------
-def sim_workload(name: str, quick: bool) -> Workload:
+# Each simulated row runs three times: GSP with seeds 0-2, the Mooncake trace on three
+# windows of it (requests 0-999, 1000-1999, 2000-2999; with LRU a window is deterministic).
+SIM_VARIANTS = (0, 1, 2)
+
+
+def sim_workload(name: str, quick: bool, variant: int = 0) -> Workload:
     if name == "gsp":
         groups, n = (32, 8) if quick else (128, 16)
-        return GSPWorkload(GSPConfig(groups, n, rate=11.0 if quick else 12.0, seed=0))
+        return GSPWorkload(GSPConfig(groups, n, rate=11.0 if quick else 12.0, seed=variant))
     limit = 300 if quick else 1000
-    return load_mooncake(str(TRACE), time_scale=0.22, limit=limit, seed=0)
+    return load_mooncake(str(TRACE), time_scale=0.22, limit=limit, skip=variant * limit)
 
 
 SIM_INDEXES = ("approximate", "approximate + survival", "events")
 
 
-def sim_run(job: tuple[str, str, str, bool]) -> dict[str, Any]:
-    workload_name, eviction, index, quick = job
-    workload = sim_workload(workload_name, quick)
+def sim_run(job: tuple[str, str, str, bool, int]) -> dict[str, Any]:
+    workload_name, eviction, index, quick, variant = job
+    workload = sim_workload(workload_name, quick, variant)
     config = ClusterConfig(
         workers=4,
         eviction=eviction,
         page_size=PAGE,
         kv_events=index == "events",
         policy_params={"learn_cache": index != "approximate"},
+        seed=variant,
     )
     started = time.perf_counter()
     run = simulate(config, workload)
@@ -118,6 +124,7 @@ def sim_run(job: tuple[str, str, str, bool]) -> dict[str, Any]:
         "workload": workload_name,
         "eviction": eviction,
         "index": index,
+        "variant": variant,
         **accuracy([(r.predicted_cached or 0, r.cached_tokens) for r in done]),
         "hit_rate": _hit_rate(done),
         "p50_ms": pct([r.latency_ms or 0.0 for r in done], 0.5),
@@ -125,6 +132,23 @@ def sim_run(job: tuple[str, str, str, bool]) -> dict[str, Any]:
         "failed": sum(1 for r in run.records if r.failed),
         "wall_s": time.perf_counter() - started,
     }
+
+
+def sim_summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per workload, eviction and index: the mean over the variants, and the range."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault((run["workload"], run["eviction"], run["index"]), []).append(run)
+    rows = []
+    for (workload, eviction, index), group in groups.items():
+        row: dict[str, Any] = {"workload": workload, "eviction": eviction, "index": index}
+        for key in ("mae_tokens", "over_page_share", "hit_rate", "p50_ms", "p95_ms"):
+            values = [r[key] for r in group if r[key] is not None]
+            row[key] = statistics.fmean(values) if values else None
+            row[f"{key}_range"] = f"{min(values):.3g}-{max(values):.3g}" if values else "-"
+        row["runs"] = len(group)
+        rows.append(row)
+    return rows
 
 
 def _hit_rate(done: list[RequestRecord]) -> float:
@@ -477,15 +501,19 @@ def main() -> int:
         print(json.dumps(figures["hash"], indent=1))
     if "sim" in args.parts:
         jobs = [
-            (w, e, index, args.quick)
+            (w, e, index, args.quick, variant)
             for w in ("gsp", "mooncake")
             if w == "gsp" or TRACE.exists()
             for e in ("lru", "rlt")
             for index in SIM_INDEXES
+            for variant in SIM_VARIANTS
         ]
         figures["sim"] = [sim_run(job) for job in jobs]
+        figures["sim_summary"] = sim_summary(figures["sim"])
         cols = ["workload", "eviction", "index", "mae_tokens", "over_page_share", "hit_rate"]
-        print(table(figures["sim"], [*cols, "p50_ms", "p95_ms", "failed"]))
+        print(table(figures["sim"], ["variant", *cols, "p50_ms", "p95_ms", "failed"]))
+        ranged = [f"{c}_range" for c in ("over_page_share", "hit_rate", "p50_ms", "p95_ms")]
+        print(table(figures["sim_summary"], [*cols, "p50_ms", "p95_ms", *ranged, "runs"]))
     if "emulated" in args.parts:
         figures["emulated"] = [asyncio.run(emulated(e, args.quick)) for e in ("lru", "rlt")]
         rows = [

@@ -90,10 +90,18 @@ def _check_scale(time_scale: float, limit: int | None) -> None:
 
 
 def load_mooncake(
-    path: str | Path, *, time_scale: float = 1.0, limit: int | None = None, seed: int = 0
+    path: str | Path,
+    *,
+    time_scale: float = 1.0,
+    limit: int | None = None,
+    seed: int = 0,
+    skip: int = 0,
 ) -> TraceWorkload:
-    """Replay a Mooncake-format JSONL trace (see the module docstring)."""
+    """Replay a Mooncake-format JSONL trace (see the module docstring); ``skip`` leaves out
+    the first requests in time (a later window of the trace, its clock from its first)."""
     _check_scale(time_scale, limit)
+    if skip < 0:
+        raise ValueError(f"skip must be >= 0, got {skip}")
     rows: list[tuple[float, int, int, tuple[int, ...]]] = []
     for line, obj in iter_jsonl(path):
         stamp = field(obj, "timestamp", (int, float), path, line)
@@ -115,7 +123,7 @@ def load_mooncake(
                 f"ceil({length}/{BLOCK_TOKENS}) = {blocks}",
             )
         rows.append((float(stamp), length, output, tuple(ids)))
-    rows = _first_in_time(rows, limit)
+    rows = _first_in_time(rows, None if limit is None else skip + limit)[skip:]
     start = rows[0][0] if rows else 0.0
     needed = sorted({h for *_, ids in rows for h in ids})
     blocks = dict(zip(needed, block_tokens(needed, seed), strict=True))

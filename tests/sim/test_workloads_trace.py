@@ -60,6 +60,15 @@ def test_mooncake_round_trip_rebuilds_lengths_times_and_shared_blocks(tmp_path: 
     assert common_prefix(p[0], p[4]) == 0
     assert [r.prompt for r in load_mooncake(path, limit=2)] == p[:2]
     assert [r.prompt for r in load_mooncake(path, seed=1)] != p
+    # A later window: the requests after the first ``skip`` in time, its clock from its first.
+    window = load_mooncake(path, time_scale=2.0, skip=2, limit=2)
+    assert [len(r.prompt) for r in window] == [2000, 600]
+    assert [r.arrival_ms for r in window] == [0.0, 0.0]
+    assert window.hash_ids == [(0, 1, 2, 3), (0, 4)]
+    assert len(load_mooncake(path, skip=4)) == 1
+    assert len(load_mooncake(path, skip=9)) == 0
+    with pytest.raises(ValueError, match="skip"):
+        load_mooncake(path, skip=-1)
 
 
 def expected_block_hits(hash_ids: Sequence[Sequence[int]], lengths: Sequence[int]) -> float:
