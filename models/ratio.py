@@ -49,10 +49,15 @@ _MIN_RATIO = 1e-3
 class RatioResidual(base.Regressor):
     """Per worker: geometric mean (exponentially weighted) of latency / estimate.
 
-    ``forgetting`` plays ``ewmean``'s role (0.99: an effective memory of ~100 outcomes, so
-    one worker's factor is not re-drawn from a few noisy ones); ``p0`` is the RLS prior. One
-    outcome counts as at most 16x (or 1/16x) the estimate, so a single stalled request cannot
-    set a factor of 1,000. An ``estimate_ms`` that is missing, not a number or below 1 ms
+    ``forgetting`` plays ``ewmean``'s role (0.9: an effective memory of about the worker's
+    last 10 outcomes); ``p0`` is the RLS prior. On a fleet of equal workers the factor is the
+    worker's recent state that the router's estimate misses (answers longer than the mean it
+    expects, a prefill it priced short): a memory of ~100 outcomes kept a worker's factor high
+    for minutes after its slow requests had left, which priced it out of traffic it could
+    serve (robustness matrix, ``docs/routing.md``: Azure conversation's p50 at 90% load 1.08x
+    with 0.99, 1.03-1.04x with 0.9; long documents 1.11x -> 1.01x with lru). A worker that is
+    slower for good still shows in every outcome. One outcome counts as at most 16x (or 1/16x)
+    the estimate, so a single stalled request cannot set a factor of 1,000. An ``estimate_ms`` that is missing, not a number or below 1 ms
     counts as 1 ms. (A factor learned from a slow start, on a worker that then gets no
     traffic to correct it, fades with the fleet's outcomes: ``ModelBank``'s staleness.)
 
@@ -65,7 +70,7 @@ class RatioResidual(base.Regressor):
     signed = True
     fades = True  # ModelBank fades a factor its worker has not refreshed (STALE_HALF_LIFE)
 
-    def __init__(self, forgetting: float = 0.99, p0: float = 1e6) -> None:
+    def __init__(self, forgetting: float = 0.9, p0: float = 1e6) -> None:
         self.forgetting = forgetting
         self.p0 = p0
         self._log_mean = EWMeanResidual(forgetting, p0)  # validates both; the same recursion
