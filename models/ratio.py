@@ -56,10 +56,11 @@ class RatioResidual(base.Regressor):
     for minutes after its slow requests had left, which priced it out of traffic it could
     serve (robustness matrix, ``docs/routing.md``: Azure conversation's p50 at 90% load 1.08x
     with 0.99, 1.03-1.04x with 0.9; long documents 1.11x -> 1.01x with lru). A worker that is
-    slower for good still shows in every outcome. One outcome counts as at most 16x (or 1/16x)
-    the estimate, so a single stalled request cannot set a factor of 1,000. An ``estimate_ms`` that is missing, not a number or below 1 ms
-    counts as 1 ms. (A factor learned from a slow start, on a worker that then gets no
-    traffic to correct it, fades with the fleet's outcomes: ``ModelBank``'s staleness.)
+    slower for good still shows in every outcome. One outcome counts as at most 16x (or
+    1/16x) the estimate, so a single stalled request cannot set a factor of 1,000. An
+    ``estimate_ms`` that is missing, not a number or below 1 ms counts as 1 ms. (A factor
+    learned from a slow start, on a worker that then gets no traffic to correct it, fades
+    with the fleet's outcomes: ``ModelBank``'s staleness.)
 
     The residual is *signed* (``signed = True``): LBGR trains it on ``latency - estimate``
     itself, not floored at 1 ms, and it may predict a negative residual. A fleet faster than

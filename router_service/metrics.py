@@ -16,6 +16,7 @@
 | ``kvroute_redis_fallbacks_total`` | gauge | |
 | ``kvroute_redis_connected`` | gauge | |
 | ``kvroute_index_units`` | gauge | worker |
+| ``kvroute_cache_horizon_seconds`` | gauge | worker |
 | ``kvroute_index_sync_lag_seconds`` | histogram | |
 | ``kvroute_load_copy_age_seconds`` | histogram | |
 | ``kvroute_index_sync_events`` | gauge | kind (published/applied/dropped) |
@@ -62,6 +63,16 @@ class _StateCollector(Collector):
             for worker, values in state["workers"].items():
                 family.add_metric([worker], float(values.get(key) or 0.0))
             yield family
+        horizon = GaugeMetricFamily(
+            "kvroute_cache_horizon_seconds",
+            "Age from which the worker's answers say under half of what the router sent it is "
+            "still cached (only workers with one learned)",
+            labels=["worker"],
+        )
+        for worker, values in state["workers"].items():
+            if values.get("cache_horizon_ms") is not None:
+                horizon.add_metric([worker], values["cache_horizon_ms"] / 1000.0)
+        yield horizon
         mae = GaugeMetricFamily(
             "kvroute_residual_mae_ms",
             "Rolling MAE of residual predictions",

@@ -131,6 +131,7 @@ class ServiceState:
                 "queue_ms": self.last_queue_ms.get(url, 0.0),
                 "in_flight": self.router.in_flight.get(url, 0),
                 "index_units": self.router.index_units(url),
+                "cache_horizon_ms": self.router.survival.horizon_ms(url),
                 "hit_ratio_estimate": self.cached_units.get(url, 0) / prompt if prompt else 0.0,
             }
         models = {}

@@ -187,6 +187,8 @@ def test_answers_cached_counts_teach_what_survives(
     explained = router.admin.post("/explain", json={"text": prompt}).json()["candidates"]
     cand = next(c for c in explained if c["worker"] == learned["url"])
     assert cand["index_cached"] == 200
+    metrics = router.control.get("/metrics").text
+    assert f'kvroute_cache_horizon_seconds{{worker="{learned["url"]}"}} 0.0' in metrics
     assert cand["cached"] < 50
     # The answers of an engine that does not report a count teach nothing.
     for w in (a, b):
