@@ -66,6 +66,7 @@ def end_to_end(headers: Any, skip: frozenset[str]) -> dict[str, str]:
 
 
 _TAIL_CHUNKS = 4  # a stream's last chunks kept: its last events say what was cached
+CacheReport = tuple[int, int | None]  # prompt tokens found cached, and of the prompt (if said)
 
 
 @dataclass
@@ -84,7 +85,7 @@ class Flight:
     events_to_free: int = 0  # with free_at_last_token: SSE events after which the slot goes
     events: int = 0  # SSE data events relayed (a stream's tokens, give or take a few)
     output_tokens: int | None = None  # tokens generated, as the answer says (or its events)
-    cached_tokens: int | None = None  # prompt tokens the worker found cached, as it says
+    cache_report: CacheReport | None = None  # what the worker says it found cached
     # A stream's last chunks: its last events say what was cached.
     tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=_TAIL_CHUNKS))
     breaker_trial: int | None = None  # the circuit breaker's trial slot this attempt holds
@@ -155,7 +156,8 @@ class Flight:
                 ttft_ms,
                 status,
                 output_tokens=self.output_tokens,
-                cached_tokens=self.cached_tokens,
+                cached_tokens=self.cache_report[0] if self.cache_report else None,
+                prompt_tokens=self.cache_report[1] if self.cache_report else None,
             ),
         )
         record: dict[str, Any] = {
@@ -215,57 +217,62 @@ def completion_tokens(body: bytes, media_type: str | None) -> int | None:
     return total
 
 
-def _cached_in(item: object) -> int | None:
-    """SGLang's ``meta_info.cached_tokens`` or OpenAI's ``usage.prompt_tokens_details.
-    cached_tokens`` of one answer object (or stream event)."""
+def _report_in(item: object) -> CacheReport | None:
+    """SGLang's ``meta_info.cached_tokens`` (and ``prompt_tokens``) or OpenAI's
+    ``usage.prompt_tokens_details.cached_tokens`` (and ``usage.prompt_tokens``) of one answer
+    object (or stream event)."""
     if not isinstance(item, dict):
         return None
-    meta, usage = item.get("meta_info"), item.get("usage")
-    count = meta.get("cached_tokens") if isinstance(meta, dict) else None
-    if count is None and isinstance(usage, dict):
-        details = usage.get("prompt_tokens_details")
-        count = details.get("cached_tokens") if isinstance(details, dict) else None
-    return count if type(count) is int and count >= 0 else None
+    holders = [h for h in (item.get("meta_info"), item.get("usage")) if isinstance(h, dict)]
+    for holder in holders:
+        count = holder.get("cached_tokens")
+        if count is None:
+            details = holder.get("prompt_tokens_details")
+            count = details.get("cached_tokens") if isinstance(details, dict) else None
+        if type(count) is int and count >= 0:
+            prompt = holder.get("prompt_tokens")
+            return count, prompt if type(prompt) is int and prompt > 0 else None
+    return None
 
 
-def cached_tokens(body: bytes, media_type: str | None) -> int | None:
-    """Prompt tokens the worker found cached, from a JSON answer for one prompt; None when it
-    does not say (a batch's answer, an engine without cache reports).
+def cache_report(body: bytes, media_type: str | None) -> CacheReport | None:
+    """Prompt tokens the worker found cached, and the prompt's tokens, from a JSON answer for
+    one prompt; None when it does not say (an engine without cache reports).
 
-    >>> cached_tokens(b'{"meta_info": {"cached_tokens": 96}}', "application/json")
-    96
-    >>> cached_tokens(b'{"usage": {"prompt_tokens_details": {"cached_tokens": 64}}}', "json")
-    64
-    >>> cached_tokens(b'{"usage": {"prompt_tokens": 80}}', "application/json") is None
+    >>> cache_report(b'{"meta_info": {"cached_tokens": 96, "prompt_tokens": 120}}', "json")
+    (96, 120)
+    >>> cache_report(b'{"usage": {"prompt_tokens_details": {"cached_tokens": 64}}}', "json")
+    (64, None)
+    >>> cache_report(b'{"usage": {"prompt_tokens": 80}}', "application/json") is None
     True
     """
     if not media_type or "json" not in media_type or len(body) > _MAX_USAGE_BODY:
         return None
     try:
-        return _cached_in(json.loads(body))
+        return _report_in(json.loads(body))
     except ValueError:
         return None
 
 
-def stream_cached_tokens(tail: bytes) -> int | None:
-    r"""The cached count of a stream's last event that has one (SGLang's ``/generate`` events
+def stream_cache_report(tail: bytes) -> CacheReport | None:
+    r"""The cache report of a stream's last event that has one (SGLang's ``/generate`` events
     carry ``meta_info``; OpenAI streams only a final ``usage``, when asked for).
 
-    >>> stream_cached_tokens(b'data: {"meta_info": {"cached_tokens": 5}}\n\n'
-    ...                      b'data: {"meta_info": {"cached_tokens": 7}}\n\ndata: [DONE]\n\n')
-    7
-    >>> stream_cached_tokens(b'data: {"choices": []}\n\ndata: [DONE]\n\n') is None
+    >>> stream_cache_report(b'data: {"meta_info": {"cached_tokens": 5}}\n\n'
+    ...                     b'data: {"meta_info": {"cached_tokens": 7}}\n\ndata: [DONE]\n\n')
+    (7, None)
+    >>> stream_cache_report(b'data: {"choices": []}\n\ndata: [DONE]\n\n') is None
     True
     """
     for line in reversed(tail.split(b"\n")):
         if not line.startswith(b"data:") or b"cached_tokens" not in line:
             continue
         try:
-            count = _cached_in(json.loads(line[5:]))
+            report = _report_in(json.loads(line[5:]))
         except ValueError:
             continue
-        if count is not None:
-            return count
+        if report is not None:
+            return report
     return None
 
 
@@ -309,7 +316,7 @@ async def relay(
         if ok:
             flight.output_tokens = completion_tokens(body, media_type)
             if _one_sequence(flight.parsed.body):
-                flight.cached_tokens = cached_tokens(body, media_type)
+                flight.cache_report = cache_report(body, media_type)
         await flight.close(ok, status, worker_fault=upstream.status >= 500)
         return Response(
             body, status_code=upstream.status, headers=out_headers, media_type=media_type
@@ -347,7 +354,7 @@ async def _stream(flight: Flight, upstream: aiohttp.ClientResponse) -> AsyncGene
         extra = 1 + (flight.parsed.kind == "chat")
         flight.output_tokens = max(0, flight.events - extra)
         if _one_sequence(flight.parsed.body):
-            flight.cached_tokens = stream_cached_tokens(b"".join(flight.tail))
+            flight.cache_report = stream_cache_report(b"".join(flight.tail))
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         # Bytes already reached the client, so no retry: end the stream with an SSE error
         # event the client can see (and no [DONE]: the answer is incomplete).

@@ -199,6 +199,7 @@ def simulate(
                 None if first is None else first - sent,
                 output_tokens=req.generated,
                 cached_tokens=req.cached,
+                prompt_tokens=req.prompt_tokens,
             ),
         )
         if on_progress is not None:

@@ -70,7 +70,7 @@ class Router:
         # What survives in the workers' caches, by age of the index's belief; the segments
         # each open decision's worker was matched on, to learn from its answer.
         self.survival = survival if survival is not None else CacheSurvival()
-        self._matched_on: dict[str, tuple[list[Segment], float]] = {}
+        self._matched_on: dict[str, tuple[list[Segment], RouteRequest]] = {}
         self.clock_ms = 0.0  # the latest time a caller passed (decisions without one use it)
         self._last_sources: dict[str, str] = {}  # of the last match: worker -> source
         self._last_trim_ms = 0.0
@@ -223,7 +223,7 @@ class Router:
         uncached = request.units - self.cached_for(request, chosen)
         segments = self._last_segments.get(chosen)
         if segments:  # learn from its answer what of the index's belief survived
-            self._matched_on[decision.decision_id] = (segments, request.tokens_per_unit)
+            self._matched_on[decision.decision_id] = (segments, request)
         if self.blocks is not None and request.tokens:
             # It must store pages if it prefills one or more: its events are due. Until it
             # ends, its pages count as the worker's (it stores them as it prefills).
@@ -262,9 +262,13 @@ class Router:
             return None
         self.ledger.close(decision.decision_id, outcome.output_tokens)
         if matched_on is not None and outcome.ok and outcome.cached_tokens is not None:
-            segments, per_unit = matched_on
-            units = outcome.cached_tokens / per_unit if per_unit > 0 else 0.0
-            self.survival.observe(decision.chosen, segments, units, per_unit)
+            segments, request = matched_on
+            # In the request's units: by the prompt's own token count when the answer gives
+            # it (a text prompt's characters per token are only a guess), else the guess.
+            found, prompt = outcome.cached_tokens, outcome.prompt_tokens
+            per_unit = prompt / request.units if prompt and request.units else None
+            per_unit = per_unit or request.tokens_per_unit
+            self.survival.observe(decision.chosen, segments, found / per_unit, per_unit)
         policy = self._policy_of.pop(decision.decision_id, None)
         if policy is None:  # never committed here: only the current policy can judge it
             if decision.policy != self.policy.name:

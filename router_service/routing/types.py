@@ -202,6 +202,7 @@ class Outcome:
     status: str = "ok"
     output_tokens: int | None = None  # tokens generated, when the answer says
     cached_tokens: int | None = None  # prompt tokens the worker found cached, when it says
+    prompt_tokens: int | None = None  # the prompt's tokens, as the worker counted them
 
 
 @dataclass(frozen=True, slots=True)

@@ -169,6 +169,28 @@ def test_the_paper_and_sglang_routers_use_the_index_as_it_is() -> None:
         make_policy("lbgr", random.Random(0), learn_cache="yes")
 
 
+def test_a_text_prompts_found_tokens_are_scaled_by_the_prompts_own_count() -> None:
+    """A text prompt is matched in characters; the answer counts tokens. With the prompt's
+    token count in the answer, a full hit covers the whole belief whatever the characters
+    per token (here 2.5, not the 4 the router guesses without it)."""
+    router = Router(make_policy("lbgr", random.Random(0)))
+    text = "x" * 1000  # 400 tokens
+    for i in range(40):
+        router.index.insert(text, A, now_ms=i * 1000.0 - 60_000)
+        d = router.route(RouteRequest(f"t{i}", text), [WorkerStatus(A)], now_ms=i * 1000.0)
+        router.complete(d, Outcome(True, 100.0, 50.0, cached_tokens=399, prompt_tokens=400))
+    assert router.survival.survival(A, 60_000.0) == 1.0
+    # Without the answer's count the router's own guess converts: told 500 tokens (2
+    # characters a token), it reads 399 tokens as 798 of the 1,000 characters found.
+    short = Router(make_policy("lbgr", random.Random(0)))
+    for i in range(40):
+        short.index.insert(text, A, now_ms=i * 1000.0 - 60_000)
+        req = RouteRequest(f"s{i}", text, prompt_tokens=500)  # the router's guess: 2 a token
+        d = short.route(req, [WorkerStatus(A)], now_ms=i * 1000.0)
+        short.complete(d, Outcome(True, 100.0, 50.0, cached_tokens=399))
+    assert short.survival.survival(A, 60_000.0) == pytest.approx(0.8, abs=0.05)
+
+
 def test_answers_without_a_cached_count_and_failures_teach_nothing() -> None:
     router = Router(make_policy("lbgr", random.Random(0)))
     prompt = ids(500)
