@@ -489,12 +489,13 @@ def test_f6_f7_explain_is_rate_limited_per_client_without_the_token(
         answer = router.admin.post("/explain", json={"text": "probe"})
         assert answer.status_code == 200
     assert answer.json()["candidates"][0]["cached"] is not None
+    assert answer.json()["candidates"][0]["index_cached"] is not None
     # Without it: workers by label (unless configured), no cache figures.
     shown = routers(worker_urls=[worker.url], expose_worker_urls=False)
     public = shown.client.post("/explain", json={"text": "probe"}).json()
     assert public["chosen"] == "w0"
-    assert public["candidates"][0]["cached"] is None
-    assert public["candidates"][0]["predicted_ms"] is None
+    for figure in ("cached", "index_cached", "predicted_ms"):
+        assert public["candidates"][0][figure] is None, figure
 
 
 # -- per-client limits and the default overload cap -------------------------------------------
