@@ -7,12 +7,13 @@ says what the worker really found cached (SGLang's ``meta_info.cached_tokens``, 
 ``usage.prompt_tokens_details.cached_tokens``), and the index knows when it last sent each
 worker each part of the prompt. ``CacheSurvival`` learns, per worker, the share of the
 index's belief that was really cached as a function of that age, and the router discounts the
-index by it: ``cached = sum over the matched segments of length * survival(age)``.
+index by it (``Router``): each matched segment counts at its survival, or whole while its
+survival is at least the policy's ``whole_survival`` (``lbgr``: 0.2).
 
 An LRU cache keeps an entry for about a fixed time after its last use (Che's approximation:
 the cache's characteristic time, shorter the busier the worker); RLT evicts random leaf tails,
 so its survival falls off gradually. Neither is assumed: the curve is learned per octave of age
-(under 250 ms, 250-500 ms, ..., up to about a day), each octave an exponentially weighted
+(under 250 ms, 250-500 ms, ..., the last from about 18 hours on), each octave an exponentially weighted
 share with a prior of trust (``prior`` pseudo-answers of "still cached"), and made
 non-increasing in age (an older entry cannot be likelier cached than a younger one on the
 same worker). A worker whose answers never say what was cached keeps the prior: the index as
