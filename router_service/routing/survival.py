@@ -15,11 +15,10 @@ the cache's characteristic time, shorter the busier the worker); RLT evicts rand
 so its survival falls off gradually. Neither is assumed: the curve is learned per octave of age
 (under 250 ms, 250-500 ms, ..., the last from about 18 hours on), each octave an
 exponentially weighted share with a prior of trust (``prior`` pseudo-answers of "still
-cached"), and made
-non-increasing in age (an older entry cannot be likelier cached than a younger one on the
-same worker). A worker whose answers never say what was cached keeps the prior: the index as
-it is. The same learning runs in the simulator (the simulated engine's cached tokens), the
-emulated cluster and the live router (the answers' counts).
+cached"), made non-increasing in age (an older entry cannot be likelier cached than a
+younger one on the same worker). A worker whose answers never say what was cached keeps the
+prior: the index as it is. The same learning runs in the simulator (the simulated engine's
+cached tokens), the emulated cluster and the live router (the answers' counts).
 
 >>> s = CacheSurvival()
 >>> s.survival("w", 20_000.0)
