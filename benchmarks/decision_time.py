@@ -2,11 +2,11 @@
 
 The target: ``lbgr`` (its default: ``ratio``, the index discounted by what survives) with 16
 workers and 8k-character prompts with shared prefixes, p50 <= 200 us and p99 <= 1 ms per
-decision. Each answer reports the cached tokens the router predicted, so ``complete`` learns
-what survives too. A decision here is what the service does per
-request between reading the load store and sending: ``Router.decide`` (prefix-index match for
-all workers + policy) and ``Router.commit`` (index insert, in-flight and backlog counts),
-plus ``complete`` at the end (residual model learning) timed separately. The index is warmed
+decision. A decision here is what the service does per request between reading the load
+store and sending: ``Router.decide`` (prefix-index match for all workers + policy) and
+``Router.commit`` (index insert, in-flight and backlog counts), plus ``complete`` at the end
+(residual model learning, and what survives: each answer reports the cached tokens the
+router predicted) timed separately. The index is warmed
 with the workload first so matches walk a populated tree (trimmed to the default size).
 """
 

@@ -49,21 +49,27 @@ class PrefixIndex:
     def workers(self) -> list[str]:
         return list(self._units)
 
-    def match(self, key: Key) -> tuple[int, dict[str, int]]:
-        """Deepest match overall and per worker; touches nothing."""
+    def _walk(self, key: Key) -> Iterator[tuple[_Node, int, int]]:
+        """The nodes ``key`` matches, root down, each with the units ``[start, end)`` of
+        ``key`` it matches (the last may match part of its units)."""
         node, pos, n = self.root, 0, len(key)
-        matched: dict[str, int] = {}
         while pos < n:
             child = node.children.get(key[pos])
             if child is None:
-                break
+                return
             common = common_prefix_length(child.key, key[pos : pos + len(child.key)])
-            pos += common
+            yield child, pos, pos + common
+            if common < len(child.key):
+                return
+            node, pos = child, pos + common
+
+    def match(self, key: Key) -> tuple[int, dict[str, int]]:
+        """Deepest match overall and per worker; touches nothing."""
+        pos = 0
+        matched: dict[str, int] = {}
+        for child, _, pos in self._walk(key):
             for worker in child.tenants:
                 matched[worker] = pos
-            if common < len(child.key):
-                break
-            node = child
         return pos, matched
 
     def match_segments(self, key: Key, now_ms: float) -> dict[str, list[Segment]]:
@@ -77,24 +83,15 @@ class PrefixIndex:
         >>> index.match_segments("abcdeq", now_ms=6_000)
         {'w': [(0, 3, 1000.0), (3, 5, 6000.0)]}
         """
-        node, pos, n = self.root, 0, len(key)
         segments: dict[str, list[Segment]] = {}
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None:
-                break
-            common = common_prefix_length(child.key, key[pos : pos + len(child.key)])
-            start, pos = pos, pos + common
+        for child, start, end in self._walk(key):
             for worker, sent_ms in child.tenants.items():
                 age = max(0.0, float(now_ms - sent_ms))
                 runs = segments.setdefault(worker, [])
                 if runs and runs[-1][1] == start and runs[-1][2] == age:
-                    runs[-1] = (runs[-1][0], pos, age)
+                    runs[-1] = (runs[-1][0], end, age)
                 else:
-                    runs.append((start, pos, age))
-            if common < len(child.key):
-                break
-            node = child
+                    runs.append((start, end, age))
         return segments
 
     def insert(self, key: Key, worker: str, now_ms: float) -> None:

@@ -82,8 +82,12 @@ class CacheSurvival:
         self._found: dict[str, list[float]] = {}  # weighted units found, per octave
         self._seen: dict[str, list[float]] = {}  # weighted answers, per octave
         self._curve: dict[str, tuple[float, ...]] = {}
-        self._answers: dict[str, int] = {}
-        self.answers = 0  # answers learned from, all workers
+        self._answers: dict[str, int] = {}  # answers learned from, per worker
+
+    @property
+    def answers(self) -> int:
+        """Answers learned from, all workers."""
+        return sum(self._answers.values())
 
     def curve(self, worker: str) -> tuple[float, ...]:
         """Survival per octave of age (``age_bucket``), non-increasing; all 1.0 unlearned."""
@@ -145,7 +149,6 @@ class CacheSurvival:
             b = age_bucket(age)
             found[b] = found[b] * keep + covered
             seen[b] = seen[b] * keep + 1.0
-        self.answers += 1
         self._answers[worker] = self._answers.get(worker, 0) + 1
         prior, shares, floor = self.prior, [], 1.0
         for f, n in zip(found, seen, strict=True):
