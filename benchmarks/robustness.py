@@ -98,7 +98,7 @@ from engine_ext.cache.keys import common_prefix_length
 from router_service.routing import make_policy, policy_names
 from sim.cluster import ClusterConfig, SimRun, simulate
 from sim.engine import generated_tokens
-from sim.profiles import ServiceProfile, get_profile
+from sim.profiles import PROFILES, ServiceProfile, get_profile
 from sim.report import markdown_table, percentile_s, summarize
 from sim.workloads import (
     CyclicConfig,
@@ -128,6 +128,11 @@ TOLERANCE = 0.01  # bisection stops at hi / lo <= 1 + TOLERANCE
 QUICK_TOLERANCE = 0.05
 MAX_PROBES = 40
 FIGURE = REPO_ROOT / "docs" / "figures" / "robustness.png"
+
+
+def fleet_label(profile: str, speed: float) -> str:
+    """``llama3.1-8b-l40``, or ``llama3.1-8b-l40 at 0.5x speed``."""
+    return profile if speed == 1.0 else f"{profile} at {speed:g}x speed"
 
 
 # -- policies ----------------------------------------------------------------------------------
@@ -257,12 +262,20 @@ WORKLOAD_KEYS = tuple(w.key for w in WORKLOADS)
 
 @dataclass(frozen=True, slots=True)
 class Setting:
-    """What every simulation of a workload shares: its size, seed and data directory."""
+    """What every simulation of a workload shares: its size, seed, data directory and the
+    fleet's service profile (``speed`` scales every time in it: 0.5 = half as fast)."""
 
     workload: WorkloadSpec
     seed: int
     quick: bool
     data_dir: str
+    profile: str = PROFILE
+    speed: float = 1.0
+
+    @property
+    def service(self) -> ServiceProfile:
+        base = get_profile(self.profile)
+        return base if self.speed == 1.0 else base.scaled(self.speed)
 
     @property
     def size(self) -> int:
@@ -286,7 +299,7 @@ def build(setting: Setting, rate_rps: float) -> Workload:
     if w.kind == "longdoc":
         return LongDocWorkload(LongDocConfig(n, order=w.order, rate=rate_rps, seed=seed))
     if w.kind == "cyclic":
-        capacity = WORKERS * get_profile(PROFILE).kv_capacity_tokens
+        capacity = WORKERS * setting.service.kv_capacity_tokens
         return CyclicWorkload(CyclicConfig(capacity, cycles=n, rate=rate_rps, seed=seed))
     scale = rate_rps / native_rps(setting)
     loader = load_mooncake if w.kind == "trace" else load_azure
@@ -320,14 +333,17 @@ def keeping_up(run: SimRun, workload: Workload) -> dict[str, Any]:
     }
 
 
-def run_one(workload: Workload, policy: PolicySpec, eviction: str, seed: int) -> dict[str, Any]:
+def run_one(
+    workload: Workload, policy: PolicySpec, eviction: str, setting: Setting
+) -> dict[str, Any]:
     config = ClusterConfig(
         workers=WORKERS,
         policy=policy.policy,
         policy_params=dict(policy.params),
         eviction=eviction,
-        profile=PROFILE,
-        seed=seed,
+        profile=setting.profile,
+        worker_speeds=[setting.speed] * WORKERS,
+        seed=setting.seed,
     )
     started = time.perf_counter()
     run = simulate(config, workload)
@@ -336,7 +352,7 @@ def run_one(workload: Workload, policy: PolicySpec, eviction: str, seed: int) ->
     return {
         "policy": policy.label,
         "eviction": eviction,
-        "seed": seed,
+        "seed": setting.seed,
         "requests": len(workload),
         **{k: summary[k] for k in (*keys, "completed", "failed")},
         **keeping_up(run, workload),
@@ -353,7 +369,7 @@ def find_saturation(setting: Setting) -> dict[str, Any]:
     def keeps_up(rate: float) -> bool:
         if len(probes) >= MAX_PROBES:
             raise RuntimeError(f"{setting.workload.key}: no saturation in {MAX_PROBES} probes")
-        row = run_one(build(setting, rate), SATURATION_POLICY, "lru", setting.seed)
+        row = run_one(build(setting, rate), SATURATION_POLICY, "lru", setting)
         probes.append({"rate_rps": rate, **row})
         return bool(row["kept_up"])
 
@@ -469,7 +485,7 @@ def _waiting_on(items: Sequence[WorkloadRequest]) -> list[set[int]]:
 def no_wait_floor(setting: Setting) -> dict[str, Any]:
     """The p50 and p95 over the setting's requests of ``latency_floor_ms``, each with its
     ``shared_prefix_tokens`` cached (the requests are the same at any rate)."""
-    profile = get_profile(PROFILE)
+    profile = setting.service
     workload = build(setting, setting.workload.start_rps or native_rps(setting))
     floors_ms, prompt, cached = [], 0, 0
     for r, shared in zip(workload, shared_prefix_tokens(workload), strict=True):
@@ -514,7 +530,7 @@ def run_cell(cell: Cell) -> list[dict[str, Any]]:
     rows = []
     for eviction in cell.evictions:
         for policy in cell.policies:
-            row = run_one(workload, policy, eviction, cell.setting.seed)
+            row = run_one(workload, policy, eviction, cell.setting)
             row.update(workload=cell.setting.workload.key, load=cell.load, rate_rps=cell.rate_rps)
             rows.append(row)
     return rows
@@ -937,6 +953,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--evictions", nargs="+", choices=EVICTIONS, default=list(EVICTIONS))
     parser.add_argument("--data", type=Path, default=DATA_DIR, help="workload data directory")
     parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=PROFILE,
+        help=f"the workers' service profile (default {PROFILE}, the one lbgr's constants "
+        "come from)",
+    )
+    parser.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="every worker runs this many times as fast as the profile (default 1)",
+    )
+    parser.add_argument(
         "--figure",
         type=Path,
         default=None,
@@ -956,6 +985,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.loads = tuple(args.loads or (QUICK_LOADS if args.quick else LOADS))
     if min(args.loads) <= 0 or args.jobs < 1:
         parser.error("--loads must be > 0 and --jobs >= 1")
+    if not (args.speed > 0 and math.isfinite(args.speed)):
+        parser.error(f"--speed must be a number > 0, got {args.speed}")
+    args.fleet = fleet_label(args.profile, args.speed)
     args.figure = args.figure or (args.out.with_suffix(".png") if args.quick else FIGURE)
     chosen = [w for w in WORKLOADS if args.workloads is None or w.key in args.workloads]
     args.chosen = [w.key for w in chosen]
@@ -985,7 +1017,9 @@ def run_matrix(args: argparse.Namespace) -> Results:
     progress = not args.no_progress
     started = time.perf_counter()
     settings = [
-        Setting(w, s, args.quick, str(args.data)) for w in args.available for s in args.seeds
+        Setting(w, s, args.quick, str(args.data), args.profile, args.speed)
+        for w in args.available
+        for s in args.seeds
     ]
     saturation = parallel_map(find_saturation, settings, args.jobs, "saturation", progress)
     saturation_s = time.perf_counter() - started
@@ -1033,7 +1067,7 @@ def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
     labels = [p.label for p in args.policy_specs]
     sat_rows = saturation_rows(results.saturation, args.available, floor_means(results.floors))
     seeds = ", ".join(map(str, args.seeds))
-    print(f"## Robustness matrix ({WORKERS} workers, {PROFILE}, simulated; seeds {seeds})\n")
+    print(f"## Robustness matrix ({WORKERS} workers, {args.fleet}, simulated; seeds {seeds})\n")
     print("### Saturation of round_robin + lru (highest rate keeping >= 95% throughput)\n")
     print(markdown_table(sat_rows, SATURATION_COLUMNS) + "\n")
     print("### p50 / p95 latency over the best baseline's, mean over seeds (min-max)\n")
@@ -1051,7 +1085,7 @@ def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
     columns = [(label, e) for e in args.evictions for label in labels]
     title = (
         f"p50 latency / best baseline's (round_robin, power_of_two, cache_aware), {WORKERS} "
-        f"workers, {PROFILE}, seeds {seeds}\nload = fraction of round_robin+lru's saturation "
+        f"workers, {args.fleet}, seeds {seeds}\nload = fraction of round_robin+lru's saturation "
         "rate; baselines compared with the same eviction"
     )
     heatmap(results.cells, rows, columns, args.figure, title)
@@ -1069,7 +1103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         NAME,
         {
             "quick": args.quick,
-            "profile": PROFILE,
+            "profile": args.profile,
+            "speed": args.speed,
             "workers": WORKERS,
             "seeds": list(args.seeds),
             "loads": list(args.loads),

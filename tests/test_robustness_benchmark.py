@@ -427,6 +427,39 @@ def test_the_candidate_must_be_among_the_policies() -> None:
     assert robustness.parse_args(["--quick"]).candidate == "lbgr"
 
 
+@pytest.mark.parametrize("speed", ["0", "-1", "nan", "inf"])
+def test_a_speed_that_is_not_a_positive_number_exits_2(speed: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        robustness.parse_args(["--quick", "--speed", speed])
+    assert exc.value.code == 2
+
+
+def test_the_fleet_runs_the_chosen_profile_at_the_chosen_speed() -> None:
+    """A fleet twice as fast saturates at (about) twice the rate, and its floor halves but
+    for the per-request overhead (HTTP, tokenisation: not the GPU's); the other profile is
+    the one the workers run (lbgr keeps its constants either way)."""
+    spec = next(w for w in robustness.WORKLOADS if w.key == "cyclic")
+    at = {
+        speed: robustness.Setting(spec, 0, True, str(robustness.DATA_DIR), speed=speed)
+        for speed in (1.0, 2.0)
+    }
+    saturation = {s: robustness.find_saturation(at[s])["saturation_rps"] for s in at}
+    assert 1.7 < saturation[2.0] / saturation[1.0] < 2.3
+    floors = {s: robustness.no_wait_floor(at[s])["p50_floor_s"] for s in at}
+    overhead_s = get_profile(robustness.PROFILE).request_overhead_ms / 1000.0
+    assert floors[2.0] == pytest.approx((floors[1.0] - overhead_s) / 2 + overhead_s)
+    h200 = robustness.Setting(spec, 0, True, "", profile="llama3.1-70b-h200")
+    assert h200.service.kv_capacity_tokens == get_profile("llama3.1-70b-h200").kv_capacity_tokens
+    row = robustness.run_one(robustness.build(h200, 4.0), robustness.SATURATION_POLICY, "lru", h200)
+    fast = robustness.run_one(
+        robustness.build(at[1.0], 4.0), robustness.SATURATION_POLICY, "lru", at[1.0]
+    )
+    assert row["p50_latency_s"] != fast["p50_latency_s"]
+    args = robustness.parse_args(["--quick", "--profile", "llama3.1-70b-h200", "--speed", "0.5"])
+    assert (args.profile, args.speed) == ("llama3.1-70b-h200", 0.5)
+    assert args.fleet == "llama3.1-70b-h200 at 0.5x speed"
+
+
 # -- the no-wait floor -----------------------------------------------------------------------------
 PROFILE = get_profile(robustness.PROFILE)  # T_w 24, a 0.114, c 5.5e-6, o_step 1.5, o_req 5 ms;
 # decode: 24 + 0.2e-3 per context token + 0.04 per sequence + 1.5 ms
