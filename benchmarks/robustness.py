@@ -96,7 +96,7 @@ from _common import DATA_DIR, REPO_ROOT, base_parser, parallel_map, ratio, write
 
 from engine_ext.cache.keys import common_prefix_length
 from router_service.routing import make_policy, policy_names
-from sim.cluster import ClusterConfig, SimRun, simulate
+from sim.cluster import OUTPUT_HINTS, ClusterConfig, SimRun, simulate
 from sim.engine import generated_tokens
 from sim.profiles import PROFILES, ServiceProfile, get_profile
 from sim.report import markdown_table, percentile_s, summarize
@@ -271,6 +271,7 @@ class Setting:
     data_dir: str
     profile: str = PROFILE
     speed: float = 1.0
+    output_hint: str = "exact"
 
     @property
     def service(self) -> ServiceProfile:
@@ -343,6 +344,7 @@ def run_one(
         eviction=eviction,
         profile=setting.profile,
         worker_speeds=[setting.speed] * WORKERS,
+        output_hint=setting.output_hint,
         seed=setting.seed,
     )
     started = time.perf_counter()
@@ -966,6 +968,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="every worker runs this many times as fast as the profile (default 1)",
     )
     parser.add_argument(
+        "--output-hint",
+        choices=OUTPUT_HINTS,
+        default="exact",
+        help="what clients send as max_new_tokens: the answer's length (exact, the default: "
+        "benchmark clients) or nothing (none: the router learns only the mean)",
+    )
+    parser.add_argument(
         "--figure",
         type=Path,
         default=None,
@@ -988,6 +997,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if not (args.speed > 0 and math.isfinite(args.speed)):
         parser.error(f"--speed must be a number > 0, got {args.speed}")
     args.fleet = fleet_label(args.profile, args.speed)
+    if args.output_hint != "exact":
+        args.fleet += f", max_new_tokens {args.output_hint}"
     args.figure = args.figure or (args.out.with_suffix(".png") if args.quick else FIGURE)
     chosen = [w for w in WORKLOADS if args.workloads is None or w.key in args.workloads]
     args.chosen = [w.key for w in chosen]
@@ -1017,7 +1028,7 @@ def run_matrix(args: argparse.Namespace) -> Results:
     progress = not args.no_progress
     started = time.perf_counter()
     settings = [
-        Setting(w, s, args.quick, str(args.data), args.profile, args.speed)
+        Setting(w, s, args.quick, str(args.data), args.profile, args.speed, args.output_hint)
         for w in args.available
         for s in args.seeds
     ]
@@ -1105,6 +1116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "quick": args.quick,
             "profile": args.profile,
             "speed": args.speed,
+            "output_hint": args.output_hint,
             "workers": WORKERS,
             "seeds": list(args.seeds),
             "loads": list(args.loads),

@@ -15,6 +15,13 @@ What the client sends (``prompt_format``): token ids (``"ids"``, the default), w
 router matches token by token, or the prompt's text (``"text"``, ``sim.text``), which it
 matches character by character, as SGLang's router (and the paper's, built on it) does with
 the text the paper's benchmark client sends.
+
+What the client says of the answer's length (``output_hint``): ``"exact"`` (the default) sends
+the workload's output length as ``max_new_tokens``, as benchmark clients do (sglang's
+``bench_serving`` sets ``max_tokens`` to the trace's length and ignores EOS), so the router's
+output estimate is exact; ``"none"`` sends no cap, as a chat client that lets the model stop
+does: the router then only knows the mean it learns from completions. The engine generates the
+workload's output either way.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ __all__ = [
 ]
 
 PROMPT_FORMATS = ("ids", "text")
+OUTPUT_HINTS = ("exact", "none")
 
 
 @dataclass(frozen=True)
@@ -87,11 +95,16 @@ class ClusterConfig:
 
     prompt_format: str = "ids"
     marking: str = "path"
+    output_hint: str = "exact"
 
     def __post_init__(self) -> None:
         if self.prompt_format not in PROMPT_FORMATS:
             raise ValueError(
                 f"unknown prompt_format {self.prompt_format!r}; known: {', '.join(PROMPT_FORMATS)}"
+            )
+        if self.output_hint not in OUTPUT_HINTS:
+            raise ValueError(
+                f"unknown output_hint {self.output_hint!r}; known: {', '.join(OUTPUT_HINTS)}"
             )
 
     def worker_urls(self) -> list[str]:
@@ -145,13 +158,15 @@ class _InFlight:
     holds_slot: bool = False  # a hold-queue slot, freed at the first token or the end
 
 
-def route_request(item: WorkloadRequest, prompt_format: str = "ids") -> RouteRequest:
+def route_request(
+    item: WorkloadRequest, prompt_format: str = "ids", output_hint: str = "exact"
+) -> RouteRequest:
     """What the router is given for ``item``: its token ids, or its text (``sim.text``),
-    with the prompt's length in tokens either way."""
+    with the prompt's length in tokens either way; its output length as ``max_new_tokens``,
+    or none (``output_hint``)."""
     key = render_text(item.prompt) if prompt_format == "text" else item.prompt
-    return RouteRequest(
-        item.rid, key, len(item.prompt), item.max_new_tokens, tokens=prompt_format != "text"
-    )
+    max_new = item.max_new_tokens if output_hint == "exact" else None
+    return RouteRequest(item.rid, key, len(item.prompt), max_new, tokens=prompt_format != "text")
 
 
 def simulate(
@@ -251,7 +266,7 @@ def simulate(
     def arrive(item: WorkloadRequest) -> None:
         now = env.now_ms
         router.maybe_trim(now)
-        request = route_request(item, config.prompt_format)
+        request = route_request(item, config.prompt_format, config.output_hint)
         if feed is not None:
             feed.refresh()
         if queue is None:

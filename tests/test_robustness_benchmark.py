@@ -458,6 +458,10 @@ def test_the_fleet_runs_the_chosen_profile_at_the_chosen_speed() -> None:
     args = robustness.parse_args(["--quick", "--profile", "llama3.1-70b-h200", "--speed", "0.5"])
     assert (args.profile, args.speed) == ("llama3.1-70b-h200", 0.5)
     assert args.fleet == "llama3.1-70b-h200 at 0.5x speed"
+    blind = robustness.parse_args(["--quick", "--output-hint", "none"])
+    assert blind.fleet == f"{robustness.PROFILE}, max_new_tokens none"
+    with pytest.raises(SystemExit):
+        robustness.parse_args(["--quick", "--output-hint", "guess"])
 
 
 # -- the no-wait floor -----------------------------------------------------------------------------

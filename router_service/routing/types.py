@@ -165,6 +165,9 @@ class Decision:
     # Where each worker's ``cached`` came from, when not the approximate index: "events", or
     # why a worker with a KV-event stream fell back (``Router``); absent: "approximate".
     cache_sources: dict[str, str] | None = field(default=None, compare=False)
+    # The policy's own note for learning at completion (lbgr: its estimate for the chosen
+    # worker as a function of the output length); never shown.
+    reestimate: object | None = field(default=None, compare=False)
 
     def candidate(self, worker: str) -> Candidate:
         for cand in self.candidates:

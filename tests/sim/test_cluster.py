@@ -242,3 +242,22 @@ def test_the_hold_queue_bounds_requests_per_worker_and_keeps_groups_together(slo
         simulate(ClusterConfig(workers=3, policy="lbgr", eviction="rlt", seed=3), workload)
     )
     assert summary["hit_rate"] >= unqueued["hit_rate"]
+
+
+@pytest.mark.parametrize("hint", ["exact", "none"])
+def test_the_client_sends_the_answers_length_or_nothing(hint: str) -> None:
+    """``output_hint``: with "exact" the router's expected output is each request's own
+    length (the share of max_new_tokens generated is 1); with "none" it sees no cap and knows
+    only the mean length of what completed. The workers generate the same answers either way."""
+    requests = [
+        WorkloadRequest(f"r{i}", 1_000.0 * i, ids_to_key(range(100 * i, 100 * i + 50)), n)
+        for i, n in enumerate((10, 30, 20))
+    ]
+    config = ClusterConfig(workers=1, policy="lbgr", output_hint=hint, capacity_tokens=10_000)
+    run = simulate(config, ListWorkload(requests))
+    assert [r.finished_ms is not None for r in run.records] == [True] * 3
+    probe = RouteRequest("probe", "x", max_new_tokens=40 if hint == "exact" else None)
+    expected = run.router.expected_output_tokens(probe)
+    assert expected == pytest.approx(40.0 if hint == "exact" else 20.0)
+    with pytest.raises(ValueError, match="output_hint"):
+        ClusterConfig(output_hint="guess")

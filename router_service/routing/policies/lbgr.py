@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from models import ModelSlot, ModelSpec
@@ -76,6 +77,20 @@ _NO_FEATURES: dict[str, float] = {}
 ESTIMATES = ("service", "paper")
 # The paper's residual: RLS on a bias with lambda = 0.992 and P0 = 1e6, as lib.rs passes them.
 PAPER_MODEL = {"kind": "ewmean", "params": {"forgetting": 0.992, "p0": 1e6}}
+
+
+@dataclass(frozen=True, slots=True)
+class _InOutput:
+    """The service estimate (``base + alpha * queue``) as a function of the output length
+    ``o``: ``fixed + per_token * o + squared * o**2`` (at least 1 ms, as ``base``)."""
+
+    fixed: float
+    per_token: float
+    squared: float
+
+    def at(self, output_tokens: float) -> float:
+        o = max(0.0, output_tokens)
+        return max(1.0, self.fixed + self.per_token * o + self.squared * o * o)
 
 
 class LBGRPolicy:
@@ -148,38 +163,40 @@ class LBGRPolicy:
 
     def _estimate(
         self, request: RouteRequest, w: WorkerSnapshot, fleet: float = 0.0
-    ) -> tuple[float, float, float]:
-        """(base_ms, queue_ms, impact_ms) of ``request`` on worker ``w``."""
+    ) -> tuple[float, float, float, _InOutput | None]:
+        """(base_ms, queue_ms, impact_ms, the estimate as a function of the output length)
+        of ``request`` on worker ``w``; the last is None for the paper's estimate."""
         total = request.units
         if self.estimate == "paper":
-            return self.base_ms(w.cached, total - w.cached), w.queue_ms, 0.0
+            return self.base_ms(w.cached, total - w.cached), w.queue_ms, 0.0, None
         per_unit = request.tokens_per_unit
         cached, uncached = w.cached * per_unit, (total - w.cached) * per_unit
         output = w.output_tokens
         prefill, attention = self.prefill_ms_per_token, self.attention_ms_per_pair
         kv, seq = self.decode_ms_per_kv_token, self.decode_ms_per_seq
         own_prefill = prefill * uncached + attention * attention_pairs(cached, uncached)
-        own = own_prefill + output * (
-            self.decode_step_ms + kv * (total * per_unit + output / 2.0) + seq
-        )
+        own_step = self.decode_step_ms + kv * total * per_unit + seq  # + kv * o / 2
+        own = own_prefill + output * (own_step + kv * output / 2.0)
         batch = w.in_flight + w.other_requests
-        wait = (
-            prefill * w.prefill_tokens
-            + attention * w.prefill_pairs
-            + output * (kv * (w.kv_tokens + w.other_kv_tokens) + seq * batch)
-        )
+        wait_prefill = prefill * w.prefill_tokens + attention * w.prefill_pairs
+        wait_step = kv * (w.kv_tokens + w.other_kv_tokens) + seq * batch
+        wait = wait_prefill + output * wait_step
         # What the request costs the others: its prefill stalls every request in the worker
         # (SGLang runs prefill first), and the requests that arrive while the worker works it
         # off, counted as the fleet's mean requests per worker (few at low load, many near
         # saturation: M/M/1's mean number in system, rho / (1 - rho)).
         impact = self.impact * own_prefill * (batch + fleet)
-        return max(1.0, own), wait, impact
+        shape = _InOutput(
+            own_prefill + self.alpha * wait_prefill, own_step + self.alpha * wait_step, kv / 2.0
+        )
+        return max(1.0, own), wait, impact, shape
 
     def decide(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> Decision:
         eligible(workers)
         total = request.units
         best: Candidate | None = None
         best_features: dict[str, float] | None = None
+        best_shape: _InOutput | None = None
         candidates: list[Candidate] = []
         models = self.models
         with_features = models.needs_features  # ewmean/none ignore them: skip the dicts
@@ -189,7 +206,7 @@ class LBGRPolicy:
             if not w.healthy:
                 candidates.append(ineligible_candidate(w))
                 continue
-            base, queue, impact = self._estimate(request, w, fleet)
+            base, queue, impact, shape = self._estimate(request, w, fleet)
             estimate = base + self.alpha * queue
             features = residual_features(request, w, estimate) if with_features else _NO_FEATURES
             residual = models.predict(w.url, features)
@@ -211,7 +228,7 @@ class LBGRPolicy:
             )
             candidates.append(cand)
             if best is None or cost < best.cost_ms - self.margin_ms:  # type: ignore[operator]
-                best, best_features = cand, features
+                best, best_features, best_shape = cand, features, shape
         assert best is not None  # eligible() raised otherwise
         return Decision(
             request.request_id,
@@ -223,6 +240,7 @@ class LBGRPolicy:
             model=ModelInfo(self.models.kind_for(best.worker), self.models.version),
             branch="argmin",
             features=best_features,
+            reestimate=best_shape,
         )
 
     def commit(self, decision: Decision) -> None:
@@ -234,10 +252,19 @@ class LBGRPolicy:
         cand = decision.candidate(decision.chosen)
         assert cand.base_ms is not None
         assert cand.queue_ms is not None
-        target = outcome.latency_ms - (cand.base_ms + self.alpha * cand.queue_ms)
+        estimate = cand.base_ms + self.alpha * cand.queue_ms
+        features = decision.features or {}
+        shape = decision.reestimate
+        if isinstance(shape, _InOutput) and outcome.output_tokens is not None:
+            # The estimate again with the output the request really generated: the model
+            # learns what the worker's speed adds, not what the output estimate missed.
+            estimate = shape.at(outcome.output_tokens)
+            if "estimate_ms" in features:
+                features = {**features, "estimate_ms": estimate}
+        target = outcome.latency_ms - estimate
         if not self.models.signed_for(decision.chosen):
             target = max(1.0, target)  # the paper's floor
-        error = self.models.learn(decision.chosen, decision.features or {}, target)
+        error = self.models.learn(decision.chosen, features, target)
         return Learned(residual_target_ms=target, model_error_ms=error)
 
     def forget_worker(self, url: str) -> None:

@@ -187,3 +187,51 @@ def test_load_the_router_did_not_send_counts_as_its_own() -> None:
 def test_bad_parameters_are_refused_naming_them(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         make_policy("lbgr", random.Random(0), **bad)
+
+
+def estimate_at(policy: LBGRPolicy, worker: WorkerSnapshot, prompt: int, output: float) -> float:
+    """The service estimate by hand (nothing cached) for ``output`` tokens on ``worker``."""
+    p, a = policy.prefill_ms_per_token, policy.attention_ms_per_pair
+    d0, dkv, dseq = policy.decode_step_ms, policy.decode_ms_per_kv_token, policy.decode_ms_per_seq
+    own = (
+        p * prompt
+        + a * attention_pairs(0, prompt)
+        + output * (d0 + dkv * (prompt + output / 2) + dseq)
+    )
+    wait = p * worker.prefill_tokens + output * (dkv * worker.kv_tokens + dseq * worker.in_flight)
+    return own + policy.alpha * wait
+
+
+@pytest.mark.parametrize("speed", [1.0, 0.5])
+def test_the_residual_learns_the_workers_speed_not_the_answers_unknown_length(
+    speed: float,
+) -> None:
+    """A client that sends no max_new_tokens: the router expects the mean answer (256 tokens)
+    and the answer runs 1,024. At completion the estimate is made again with the 1,024, so
+    ``ratio`` learns the worker's speed (1 on a worker as fast as the prior, 2 at half speed),
+    not 1,024 / 256: a worker that just served long answers is not priced as a slow one."""
+    policy = lbgr(model="ratio", impact=0.0)
+    request = RouteRequest("r", ids(1000), prompt_tokens=1000, max_new_tokens=None)
+    worker = replace(snap(A, in_flight=2, kv_tokens=3000, prefill_tokens=500), output_tokens=256.0)
+    decision = policy.decide(request, [worker])
+    assert decision.candidate(A).predicted_ms == pytest.approx(
+        estimate_at(policy, worker, 1000, 256)
+    )
+    latency = estimate_at(policy, worker, 1000, 1024) / speed
+    learned = policy.complete(decision, Outcome(True, latency, output_tokens=1024))
+    assert learned is not None
+    assert learned.residual_target_ms == pytest.approx(
+        latency - estimate_at(policy, worker, 1000, 1024)
+    )
+    again = policy.decide(replace(request, request_id="r2"), [worker]).candidate(A)
+    assert again.predicted_ms == pytest.approx(
+        estimate_at(policy, worker, 1000, 256) / speed, rel=1e-4
+    )
+    # Without the answer's length the estimate made at routing time is all there is.
+    blind = lbgr(model="ratio", impact=0.0)
+    first = blind.decide(request, [worker])
+    blind.complete(first, Outcome(True, latency))
+    factor = latency / estimate_at(blind, worker, 1000, 256)
+    assert blind.decide(request, [worker]).candidate(A).predicted_ms == pytest.approx(
+        factor * estimate_at(blind, worker, 1000, 256), rel=1e-4
+    )
