@@ -28,7 +28,7 @@ from kvroute.workload_args import (
 from models import ModelSpecError, parse_spec
 from router_service.routing import HoldSettings, policy_names
 from sim.ceiling import OfflineLimits
-from sim.cluster import PROMPT_FORMATS, ClusterConfig, simulate
+from sim.cluster import OUTPUT_HINTS, PROMPT_FORMATS, ClusterConfig, simulate
 from sim.profiles import PROFILES
 from sim.report import TABLE_COLUMNS, markdown_table, summarize
 from sim.workloads import Workload, WorkloadFileError
@@ -168,6 +168,14 @@ def add_parser(sub: Any) -> None:
         "paper's text prompts; sim/text.py gives each token its characters)",
     )
     f.add_argument(
+        "--output-hint",
+        choices=OUTPUT_HINTS,
+        default="exact",
+        help="what the client sends as max_new_tokens: each answer's length (exact, as "
+        "benchmark clients) or nothing (none, as chat clients that let the model stop: the "
+        "router only learns the mean answer)",
+    )
+    f.add_argument(
         "--rlt-marking",
         choices=MARKINGS,
         default="path",
@@ -226,6 +234,7 @@ def cluster_config(args: argparse.Namespace, policy: str, eviction: str) -> Clus
             free_at_last_token=args.queue_free_at == "last_token",
         ),
         prompt_format=args.prompt_format,
+        output_hint=args.output_hint,
         marking=args.rlt_marking,
     )
 

@@ -76,6 +76,7 @@ def summarize(run: SimRun, **extra: Any) -> dict[str, Any]:
         "seed": cfg.seed,
         "policy_params": dict(cfg.policy_params),
         "prompt_format": cfg.prompt_format,
+        "output_hint": cfg.output_hint,
         "marking": cfg.marking,
     }
     if cfg.hold.enabled:

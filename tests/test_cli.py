@@ -91,6 +91,19 @@ def test_json_last_line_has_the_summary_keys(capsys: pytest.CaptureFixture[str])
     assert summary["policy_params"] == {"preset": "paper"}
 
 
+def test_clients_without_max_new_tokens_are_simulated_and_reported(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    exact = run_json(capsys, "--policy", "lbgr")
+    blind = run_json(capsys, "--policy", "lbgr", "--output-hint", "none")
+    assert (exact["output_hint"], blind["output_hint"]) == ("exact", "none")
+    assert (blind["completed"], blind["failed"]) == (16, 0)
+    with pytest.raises(SystemExit) as info:
+        main([*SMALL, "--output-hint", "maybe"])
+    assert info.value.code == 2
+    assert "argument --output-hint: invalid choice" in capsys.readouterr().err
+
+
 def test_the_hold_queue_is_reported_with_its_waits(capsys: pytest.CaptureFixture[str]) -> None:
     plain = run_json(capsys, "--policy", "lbgr")
     assert "queue" not in plain
