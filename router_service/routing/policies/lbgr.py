@@ -46,8 +46,11 @@ as it is.
 Either way the chosen worker's decayed load is reserved by ``base`` (shared with other
 replicas through Redis), and on completion the worker's residual model learns
 ``max(1, latency - (base + alpha * queue))``, or the residual unfloored for a signed model
-(``ratio``, which can then learn that a worker is faster than the estimate).
-``docs/design.md`` says why the default changed.
+(``ratio``, which can then learn that a worker is faster than the estimate). The service
+estimate is first made again with the output the answer reports instead of the expected
+``o``: a client that sends no ``max_new_tokens`` leaves the router only the mean answer, and
+the model must learn the worker's speed, not what that mean missed. ``docs/design.md`` says
+why the default changed.
 """
 
 from __future__ import annotations
