@@ -224,7 +224,8 @@ class ExplainAnswer(BaseModel):
     replica_id: str | None = None
     attempt: int | None = Field(None, description="1 for the first try, 2+ for retries")
     outcome: dict[str, Any] | None = Field(
-        description="status, latency_ms, ttft_ms, residual_target_ms, model_error_ms; "
+        description="status, latency_ms, ttft_ms, residual_target_ms, model_error_ms, "
+        "estimate_ms; "
         "null while in flight and for dry runs"
     )
 

@@ -166,6 +166,7 @@ class Flight:
             "ttft_ms": round(ttft_ms, 3) if ttft_ms is not None else None,
             "residual_target_ms": learned.residual_target_ms if learned else None,
             "model_error_ms": learned.model_error_ms if learned else None,
+            "estimate_ms": learned.estimate_ms if learned else None,
         }
         state.decisions.set_outcome(decision.decision_id, record)
         metrics = state.metrics

@@ -214,3 +214,6 @@ class Learned:
 
     residual_target_ms: float
     model_error_ms: float
+    # The estimate the target is measured from (lbgr: base + alpha * queue, remade with the
+    # output tokens the answer reports); None when the policy does not say.
+    estimate_ms: float | None = None

@@ -12,7 +12,14 @@ from fake_worker import FakeWorker
 from router_harness import RouterServer, http_client
 
 DECISION_KEYS = {"decision_id", "policy", "chosen", "model", "candidates"}
-OUTCOME_KEYS = {"status", "latency_ms", "ttft_ms", "residual_target_ms", "model_error_ms"}
+OUTCOME_KEYS = {
+    "status",
+    "latency_ms",
+    "ttft_ms",
+    "residual_target_ms",
+    "model_error_ms",
+    "estimate_ms",
+}
 LBGR_NUMBERS = ("cached", "uncached", "base_ms", "queue_ms", "residual_ms", "predicted_ms")
 
 
@@ -125,7 +132,12 @@ def test_recorded_decision_has_outcome(
     assert outcome["latency_ms"] >= 100.0
     assert 0 < outcome["ttft_ms"] <= outcome["latency_ms"]
     chosen = next(c for c in record["candidates"] if c["worker"] == record["chosen"])
-    expected_target = max(1.0, outcome["latency_ms"] - (chosen["base_ms"] + chosen["queue_ms"]))
+    # The target is measured from the estimate remade for the answer's real output, shorter
+    # than the 256 tokens expected of a request without max_new_tokens: below the estimate
+    # made at routing time, and above its prefill and wait alone.
+    at_route = chosen["base_ms"] + chosen["queue_ms"]
+    assert 0 < outcome["estimate_ms"] < at_route
+    expected_target = max(1.0, outcome["latency_ms"] - outcome["estimate_ms"])
     assert outcome["residual_target_ms"] == pytest.approx(expected_target, abs=0.01)
     # A fresh model: the error is the distance from the prediction used at routing time.
     assert outcome["model_error_ms"] == pytest.approx(

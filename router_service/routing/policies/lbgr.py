@@ -268,7 +268,7 @@ class LBGRPolicy:
         if not self.models.signed_for(decision.chosen):
             target = max(1.0, target)  # the paper's floor
         error = self.models.learn(decision.chosen, features, target)
-        return Learned(residual_target_ms=target, model_error_ms=error)
+        return Learned(residual_target_ms=target, model_error_ms=error, estimate_ms=estimate)
 
     def forget_worker(self, url: str) -> None:
         self.models.forget_worker(url)
