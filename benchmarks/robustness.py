@@ -3,6 +3,9 @@
 A policy that wins on the paper's GSP setting may lose elsewhere. This matrix runs every
 policy x eviction on eight workloads at four loads, three seeds each, 4 workers of profile
 ``llama3.1-8b-l40``, and gives each policy's latency over the best baseline's in every cell.
+That profile is the one ``lbgr``'s constants come from, and the clients send each answer's
+length as ``max_new_tokens``; ``--profile``, ``--speed`` (every worker that many times as fast)
+and ``--output-hint none`` (no ``max_new_tokens``) run the same matrix off that prior.
 
 **Workloads** (the request count of a workload is the same in every cell and in its
 bisection): GSP in random and in grouped order (128 groups x 24 prompts); multi-turn chat,
