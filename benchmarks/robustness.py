@@ -133,9 +133,10 @@ MAX_PROBES = 40
 FIGURE = REPO_ROOT / "docs" / "figures" / "robustness.png"
 
 
-def fleet_label(profile: str, speed: float) -> str:
-    """``llama3.1-8b-l40``, or ``llama3.1-8b-l40 at 0.5x speed``."""
-    return profile if speed == 1.0 else f"{profile} at {speed:g}x speed"
+def fleet_label(profile: str, speed: float, output_hint: str) -> str:
+    """``llama3.1-8b-l40``, or ``llama3.1-8b-l40 at 0.5x speed, max_new_tokens none``."""
+    label = profile if speed == 1.0 else f"{profile} at {speed:g}x speed"
+    return label if output_hint == "exact" else f"{label}, max_new_tokens {output_hint}"
 
 
 # -- policies ----------------------------------------------------------------------------------
@@ -999,9 +1000,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--loads must be > 0 and --jobs >= 1")
     if not (args.speed > 0 and math.isfinite(args.speed)):
         parser.error(f"--speed must be a number > 0, got {args.speed}")
-    args.fleet = fleet_label(args.profile, args.speed)
-    if args.output_hint != "exact":
-        args.fleet += f", max_new_tokens {args.output_hint}"
+    args.fleet = fleet_label(args.profile, args.speed, args.output_hint)
     args.figure = args.figure or (args.out.with_suffix(".png") if args.quick else FIGURE)
     chosen = [w for w in WORKLOADS if args.workloads is None or w.key in args.workloads]
     args.chosen = [w.key for w in chosen]
