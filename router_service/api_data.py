@@ -162,6 +162,7 @@ _CACHE_DETAIL = (
     "residual_ms",
     "predicted_ms",
     "impact_ms",
+    "evict_ms",
     "cost_ms",
     "in_flight",
     "index_cached",

@@ -199,6 +199,11 @@ class CandidateAnswer(BaseModel):
     impact_ms: float | None = Field(
         None, description="lbgr: the delay this request would add to the worker's others"
     )
+    evict_ms: float | None = Field(
+        None,
+        description="lbgr: of impact_ms, the prefill its insert is expected to cost again "
+        "(what it evicts that comes back)",
+    )
     cost_ms: float | None = Field(None, description="lbgr: what the argmin ranks")
     eligible: bool
     reason: str | None

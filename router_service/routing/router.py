@@ -71,6 +71,11 @@ class Router:
         # each open decision's worker was matched on, to learn from its answer.
         self.survival = survival if survival is not None else CacheSurvival()
         self._matched_on: dict[str, tuple[list[Segment], RouteRequest]] = {}
+        # Per open decision of a cache-learning policy: the index's own belief on its worker
+        # (approximate, even where KV events made the match exact), its units and tokens per
+        # unit, to learn from the answer what the worker refetched (``refetch_share``).
+        self._believed_on: dict[str, tuple[int, int, float]] = {}
+        self._last_approx: dict[str, int] = {}  # of the last match: the index's belief
         self.clock_ms = 0.0  # the latest time a caller passed (decisions without one use it)
         self._last_sources: dict[str, str] = {}  # of the last match: worker -> source
         self._last_trim_ms = 0.0
@@ -98,6 +103,7 @@ class Router:
         in_flight, pending = ledger.in_flight, ledger.pending_units
         prefill, pairs, kv = ledger.prefill_tokens, ledger.prefill_pairs, ledger.kv_tokens
         output = ledger.outputs.expected(request.max_new_tokens)
+        survival = self.survival
         return [
             WorkerSnapshot(
                 url=w.url,
@@ -116,6 +122,7 @@ class Router:
                 output_tokens=output,
                 other_requests=w.other_requests,
                 other_kv_tokens=w.other_kv_tokens,
+                refetch_share=survival.refetch_share(w.url),
             )
             for w in workers
         ]
@@ -162,6 +169,7 @@ class Router:
             if keys is not None:
                 matched = {w: keys.units(m, total) for w, m in matched.items()}
             believed = dict(matched)
+        self._last_approx = dict(believed)
         blocks = self.blocks
         if blocks is not None and blocks.workers:
             sources: dict[str, str]
@@ -224,6 +232,13 @@ class Router:
         segments = self._last_segments.get(chosen)
         if segments:  # learn from its answer what of the index's belief survived
             self._matched_on[decision.decision_id] = (segments, request)
+        if self.learns_cache:
+            believed = self._last_approx.get(chosen, 0)
+            self._believed_on[decision.decision_id] = (
+                believed,
+                request.units,
+                request.tokens_per_unit,
+            )
         if self.blocks is not None and request.tokens:
             # It must store pages if it prefills one or more: its events are due. Until it
             # ends, its pages count as the worker's (it stores them as it prefills).
@@ -257,6 +272,7 @@ class Router:
         if self.blocks is not None:
             self.blocks.close(decision.decision_id)
         matched_on = self._matched_on.pop(decision.decision_id, None)
+        believed_on = self._believed_on.pop(decision.decision_id, None)
         if decision.decision_id in self._orphans:  # its worker is gone: nothing to update
             self._orphans.discard(decision.decision_id)
             return None
@@ -269,6 +285,12 @@ class Router:
             per_unit = prompt / request.units if prompt and request.units else None
             per_unit = per_unit or request.tokens_per_unit
             self.survival.observe(decision.chosen, segments, found / per_unit, per_unit)
+        if believed_on is not None and outcome.ok and outcome.cached_tokens is not None:
+            believed, units, guess = believed_on
+            counted = outcome.prompt_tokens
+            scale = (counted / units if counted and units else None) or guess
+            found_units = outcome.cached_tokens / scale
+            self.survival.observe_prefill(decision.chosen, believed, found_units, units, scale)
         policy = self._policy_of.pop(decision.decision_id, None)
         if policy is None:  # never committed here: only the current policy can judge it
             if decision.policy != self.policy.name:

@@ -31,6 +31,18 @@ cached tokens), the emulated cluster and the live router (the answers' counts).
 121
 >>> round(s.survival("w", 60_000.0), 2)  # older than anything seen: no likelier cached
 0.07
+
+What an eviction costs is learned from the same answers: of the prompt units a worker had to
+prefill (everything it did not find cached), the share the index believed it held, i.e.
+entries it evicted and now prefills again (``refetch_share``). In a full cache every unit a
+request inserts evicts one; this share is how much of what a worker evicts comes back, so an
+insert there is expected to cost that share of its prefill again later (``lbgr``'s
+``evict``). A cache with room, or one whose evicted entries never return (GSP in grouped
+order: a finished group is not asked again), learns about 0.
+
+>>> s.observe_prefill("w", believed_units=4_000, cached_units=1_000, prompt_units=5_000)
+>>> round(s.refetch_share("w"), 2)  # prefilled 4,000, of which 3,000 (less the slack) held
+0.75
 """
 
 from __future__ import annotations
@@ -38,7 +50,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["BASE_MS", "BUCKETS", "CacheSurvival", "Segment", "age_bucket"]
+__all__ = ["BASE_MS", "BUCKETS", "REFETCH_MEMORY", "CacheSurvival", "Segment", "age_bucket"]
 
 # A matched part of a prompt on one worker: units [start, end) of the request's key, last sent
 # to that worker age_ms ago (``PrefixIndex.match_segments``).
@@ -47,6 +59,7 @@ Segment = tuple[int, int, float]
 BASE_MS = 250.0  # the first octave: ages under 250 ms
 BUCKETS = 20  # 250 ms * 2**18 is about 18 h; older ages share the last octave
 _TRUST = (1.0,) * BUCKETS
+REFETCH_MEMORY = 0.99  # per answer: about the worker's last 100 answers weigh
 
 
 def age_bucket(age_ms: float) -> int:
@@ -83,6 +96,8 @@ class CacheSurvival:
         self._seen: dict[str, list[float]] = {}  # weighted answers, per octave
         self._curve: dict[str, tuple[float, ...]] = {}
         self._answers: dict[str, int] = {}  # answers learned from, per worker
+        self._refetched: dict[str, float] = {}  # weighted units prefilled again, per worker
+        self._prefilled: dict[str, float] = {}  # weighted units prefilled, per worker
 
     @property
     def answers(self) -> int:
@@ -156,14 +171,47 @@ class CacheSurvival:
             shares.append(floor)
         self._curve[worker] = tuple(shares)
 
+    def observe_prefill(
+        self,
+        worker: str,
+        believed_units: float,
+        cached_units: float,
+        prompt_units: float,
+        tokens_per_unit: float = 1.0,
+    ) -> None:
+        """Learn from one answer what ``worker``'s evictions cost: it found ``cached_units``
+        of a prompt of ``prompt_units`` cached where the index believed ``believed_units``
+        (the index's own belief, before any discount); what it prefilled of that belief it
+        had evicted (short by the slack, as in ``observe``)."""
+        values = (believed_units, cached_units, prompt_units)
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            return
+        slack = self.slack_tokens / max(tokens_per_unit, 1e-9)
+        refetched = max(0.0, believed_units - cached_units - slack)
+        prefilled = max(0.0, prompt_units - cached_units)
+        keep = REFETCH_MEMORY
+        self._refetched[worker] = self._refetched.get(worker, 0.0) * keep + refetched
+        self._prefilled[worker] = self._prefilled.get(worker, 0.0) * keep + prefilled
+
+    def refetch_share(self, worker: str) -> float:
+        """Of what ``worker`` prefilled lately, the share it had cached before and evicted
+        (0 until it has prefilled anything)."""
+        prefilled = self._prefilled.get(worker, 0.0)
+        if prefilled <= 0.0:
+            return 0.0
+        return min(1.0, self._refetched.get(worker, 0.0) / prefilled)
+
     def forget_worker(self, worker: str) -> None:
-        for table in (self._found, self._seen, self._curve, self._answers):
+        tables = (self._found, self._seen, self._curve, self._answers)
+        for table in (*tables, self._refetched, self._prefilled):
             table.pop(worker, None)
 
     def view(self, worker: str) -> dict[str, object]:
-        """For operators (``GET /workers``): answers learned from, the curve, its horizon."""
+        """For operators (``GET /workers``): answers learned from, the curve, its horizon,
+        and the share of its prefill that refetches what it evicted."""
         return {
             "answers": self._answers.get(worker, 0),
             "survival": [round(x, 3) for x in self.curve(worker)],
             "horizon_ms": self.horizon_ms(worker),
+            "refetch_share": round(self.refetch_share(worker), 3),
         }

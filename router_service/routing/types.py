@@ -102,6 +102,9 @@ class WorkerSnapshot:
     # What the index itself believes cached, before ``cached`` discounted it by what survives
     # (``Router``, ``routing.survival``); None: not given (``cached`` is the belief).
     index_cached: int | None = None
+    # Of what the worker prefilled lately, the share it had cached before and evicted
+    # (``CacheSurvival.refetch_share``): what an insert there is expected to cost again.
+    refetch_share: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +122,7 @@ class Candidate:
     predicted_ms: float | None = None
     in_flight: int | None = None
     impact_ms: float | None = None  # lbgr: what the request would cost the worker's others
+    evict_ms: float | None = None  # lbgr: of impact_ms, the refetch of what its insert evicts
     cost_ms: float | None = None  # lbgr: what the argmin ranks (predicted + impact)
     index_cached: int | None = None  # lbgr: the index's belief before the survival discount
 
@@ -133,6 +137,7 @@ class Candidate:
             "predicted_ms": self.predicted_ms,
             "in_flight": self.in_flight,
             "impact_ms": self.impact_ms,
+            "evict_ms": self.evict_ms,
             "cost_ms": self.cost_ms,
             "index_cached": self.index_cached,
             "eligible": self.eligible,

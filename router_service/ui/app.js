@@ -12,7 +12,8 @@ const TIMES = [
   ["queue", "queue_ms", "what the worker's load adds"],
   ["residual", "residual_ms", "the learned correction"],
   ["predicted", "predicted_ms", "base + queue + residual"],
-  ["impact", "impact_ms", "the delay its prefill adds to the worker's other requests"],
+  ["impact", "impact_ms",
+    "the delay its prefill adds to the worker's other requests, and the refetch of what it evicts"],
   ["cost", "cost_ms", "predicted + impact: the lowest wins"],
 ];
 

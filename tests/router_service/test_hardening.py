@@ -494,7 +494,7 @@ def test_f6_f7_explain_is_rate_limited_per_client_without_the_token(
     shown = routers(worker_urls=[worker.url], expose_worker_urls=False)
     public = shown.client.post("/explain", json={"text": "probe"}).json()
     assert public["chosen"] == "w0"
-    for figure in ("cached", "index_cached", "predicted_ms"):
+    for figure in ("cached", "index_cached", "predicted_ms", "evict_ms"):
         assert public["candidates"][0][figure] is None, figure
 
 

@@ -184,12 +184,15 @@ def test_answers_cached_counts_teach_what_survives(
     assert sum(answers.values()) >= 30, answers  # the first answers found no belief to test
     learned = max(views, key=lambda v: v["cache_survival"]["answers"])
     assert learned["cache_survival"]["survival"][0] < 0.5  # what was sent moments ago: gone
+    # And it prefilled again what it had been sent: most of its prefill refetches.
+    assert learned["cache_survival"]["refetch_share"] > 0.5
     explained = router.admin.post("/explain", json={"text": prompt}).json()["candidates"]
     cand = next(c for c in explained if c["worker"] == learned["url"])
     assert cand["index_cached"] == 200
     metrics = router.control.get("/metrics").text
     assert f'kvroute_cache_horizon_seconds{{worker="{learned["url"]}"}} 0.0' in metrics
     assert cand["cached"] < 50
+    assert cand["evict_ms"] > 0  # a prefill there pushes out entries that come back
     # The answers of an engine that does not report a count teach nothing.
     for w in (a, b):
         w.cached_tokens = None

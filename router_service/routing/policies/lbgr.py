@@ -17,7 +17,8 @@ Two estimates (``estimate``):
       wait    = P * Q + A * Q2 + o * (D_kv * K + D_seq * B)                  (queue_ms)
       own     = P * u + A * u (c + u/2) + o * (D_0 + D_kv * (n + o/2) + D_seq)   (base_ms)
       predict = own + alpha * wait + residual                             (predicted_ms)
-      impact  = impact * (P * u + A * u (c + u/2)) * (B + N)              (impact_ms)
+      evict   = evict * R * (P * u + A * u (c + u/2))                     (evict_ms)
+      impact  = impact * (P * u + A * u (c + u/2)) * (B + N) + evict      (impact_ms)
       cost    = predict + impact                                          (cost_ms)
 
   i.e. time to first token (the prefills ahead, then its own, linear layers and attention)
@@ -28,11 +29,18 @@ Two estimates (``estimate``):
   worker: few at low load, many near saturation. Greedy on its own latency alone, a request
   takes a cache miss on an idler worker whenever the miss is cheaper *for it*; near
   saturation that extra work is what queues everyone else, and the fleet's hit rate and
-  capacity fall (``docs/design.md``, *Routing*). A long answer weighs the decode load of each
-  worker; a short one (the paper's GSP, 4 tokens) weighs cache hits and the prefill backlog.
-  The constants are a prior (SGLang serving Llama-3.1-8B on an L40: ``sim/profiles.py``);
-  the default residual ``ratio`` learns each worker's latency as a multiple of the estimate,
-  so a faster or slower worker scales its prediction without changing the ranking's shape.
+  capacity fall (``docs/design.md``, *Routing*). The ``u`` tokens it inserts also evict as
+  many from a full cache; ``R``, the worker's ``refetch_share`` (``routing.survival``), is the
+  share of what that worker prefilled lately that it had held before and evicted, so the
+  insert is expected to cost ``R`` of its prefill again later (``evict`` weighs it: 2, since
+  ``R`` is seen only where a request was sent after its belief; a cache with room, or whose
+  evicted entries never come back, learns ``R`` = 0). It keeps one copy of a prefix in the
+  fleet where copies would push out prefixes still asked for. A long answer weighs the
+  decode load of each worker; a short one (the paper's GSP, 4 tokens) weighs cache hits and
+  the prefill backlog. The constants are a prior (SGLang serving Llama-3.1-8B on an L40:
+  ``sim/profiles.py``); the default residual ``ratio`` learns each worker's latency as a
+  multiple of the estimate, so a faster or slower worker scales its prediction without
+  changing the ranking's shape.
 - ``"paper"``: the paper's (``lbgr_paper``): ``base = max(1, a + b_c * cached / 1000 +
   b_u * uncached / 1000)`` ms, ``pred = max(1, base + alpha * queue + residual)``, where
   ``queue`` is the decayed load (31/32 per 20 ms) of the base reserved by each routed request.
@@ -118,6 +126,7 @@ class LBGRPolicy:
         decode_ms_per_kv_token: float = 0.0002,
         decode_ms_per_seq: float = 0.04,
         impact: float = 1.0,
+        evict: float = 2.0,
         margin_ms: float = 1.0,
         sharing: str = "per_worker",
         learn_cache: bool = True,
@@ -137,6 +146,7 @@ class LBGRPolicy:
         self.decode_ms_per_seq = number("decode_ms_per_seq", decode_ms_per_seq)
         self.margin_ms = number("margin_ms", margin_ms)
         self.impact = number("impact", impact)
+        self.evict = number("evict", evict)
         if estimate == "service":
             for name in (
                 "prefill_ms_per_token",
@@ -166,12 +176,12 @@ class LBGRPolicy:
 
     def _estimate(
         self, request: RouteRequest, w: WorkerSnapshot, fleet: float = 0.0
-    ) -> tuple[float, float, float, _InOutput | None]:
-        """(base_ms, queue_ms, impact_ms, the estimate as a function of the output length)
-        of ``request`` on worker ``w``; the last is None for the paper's estimate."""
+    ) -> tuple[float, float, float, float, _InOutput | None]:
+        """(base_ms, queue_ms, impact_ms, evict_ms, the estimate as a function of the output
+        length) of ``request`` on worker ``w``; the last is None for the paper's estimate."""
         total = request.units
         if self.estimate == "paper":
-            return self.base_ms(w.cached, total - w.cached), w.queue_ms, 0.0, None
+            return self.base_ms(w.cached, total - w.cached), w.queue_ms, 0.0, 0.0, None
         per_unit = request.tokens_per_unit
         cached, uncached = w.cached * per_unit, (total - w.cached) * per_unit
         output = w.output_tokens
@@ -188,11 +198,13 @@ class LBGRPolicy:
         # (SGLang runs prefill first), and the requests that arrive while the worker works it
         # off, counted as the fleet's mean requests per worker (few at low load, many near
         # saturation: M/M/1's mean number in system, rho / (1 - rho)).
-        impact = self.impact * own_prefill * (batch + fleet)
+        # And what it evicts: the share of it that comes back is prefilled again.
+        evict = self.evict * w.refetch_share * own_prefill
+        impact = self.impact * own_prefill * (batch + fleet) + evict
         shape = _InOutput(
             own_prefill + self.alpha * wait_prefill, own_step + self.alpha * wait_step, kv / 2.0
         )
-        return max(1.0, own), wait, impact, shape
+        return max(1.0, own), wait, impact, evict, shape
 
     def decide(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> Decision:
         eligible(workers)
@@ -209,7 +221,7 @@ class LBGRPolicy:
             if not w.healthy:
                 candidates.append(ineligible_candidate(w))
                 continue
-            base, queue, impact, shape = self._estimate(request, w, fleet)
+            base, queue, impact, evict, shape = self._estimate(request, w, fleet)
             estimate = base + self.alpha * queue
             features = residual_features(request, w, estimate) if with_features else _NO_FEATURES
             residual = models.predict(w.url, features)
@@ -226,6 +238,7 @@ class LBGRPolicy:
                 predicted_ms=predicted,
                 in_flight=w.in_flight,
                 impact_ms=impact,
+                evict_ms=evict,
                 cost_ms=cost,
                 index_cached=w.index_cached,
             )

@@ -172,6 +172,34 @@ def test_a_miss_costs_the_requests_in_the_worker_and_those_to_come() -> None:
     assert priced.candidate(A).impact_ms == pytest.approx(hit_prefill * (6 + 3))
 
 
+def test_an_insert_costs_the_prefill_of_what_it_evicts_that_comes_back() -> None:
+    """A worker holds the request's prompt but has a prefill backlog; greedy on the request's
+    latency and its stall, a copy on the idle worker wins. Where caches are full of entries
+    that come back (half of what the workers prefill they had held before), the copy pushes
+    out that much for later requests to prefill again: the request waits for the holder."""
+    policy = lbgr()
+    p, a = policy.prefill_ms_per_token, policy.attention_ms_per_pair
+    request = req("r", ids(4000), 4)
+    holder = snap(A, cached=3500, in_flight=1, prefill_tokens=6000)
+    idle = snap(B)
+    room = [replace(w, output_tokens=4.0) for w in (holder, idle)]
+    assert policy.decide(request, room).chosen == B
+    assert policy.decide(request, room).candidate(B).evict_ms == 0.0  # nothing comes back
+    full = [replace(w, refetch_share=0.5) for w in room]
+    decision = policy.decide(request, full)
+    assert decision.chosen == A
+    copy = p * 4000 + a * attention_pairs(0, 4000)
+    rest = p * 500 + a * attention_pairs(3500, 500)
+    assert decision.candidate(B).evict_ms == pytest.approx(2.0 * 0.5 * copy)
+    assert decision.candidate(A).evict_ms == pytest.approx(2.0 * 0.5 * rest)
+    fleet = 0.5  # one request in flight over two workers
+    assert decision.candidate(B).impact_ms == pytest.approx(copy * fleet + copy)
+    assert decision.to_dict()["candidates"][1]["evict_ms"] == pytest.approx(copy)
+    assert lbgr(evict=0.0).decide(request, full).chosen == B  # the weight turns it off
+    with pytest.raises(ValueError, match="evict"):
+        lbgr(evict="much")
+
+
 def test_load_the_router_did_not_send_counts_as_its_own() -> None:
     router = Router(lbgr())
     request = req("r", ids(1000), 300)

@@ -203,6 +203,49 @@ def test_answers_without_a_cached_count_and_failures_teach_nothing() -> None:
     assert not router._matched_on  # nothing left behind for closed decisions
 
 
+# -- what an eviction costs -------------------------------------------------------------------
+def test_the_refetch_share_is_what_a_worker_prefills_that_it_held_before() -> None:
+    s = CacheSurvival()
+    assert s.refetch_share("w") == 0.0  # nothing prefilled yet
+    s.observe_prefill("w", believed_units=0, cached_units=0, prompt_units=1000)  # new
+    s.observe_prefill("w", believed_units=1000, cached_units=0, prompt_units=1000)  # evicted
+    assert s.refetch_share("w") == pytest.approx((1000 - 16) / (1000 * 0.99 + 1000))
+    # A cache with room finds what the index believes: the share decays towards 0.
+    for _ in range(500):
+        s.observe_prefill("w", believed_units=900, cached_units=899, prompt_units=1000)
+    assert s.refetch_share("w") < 0.01
+    assert s.view("w")["refetch_share"] == round(s.refetch_share("w"), 3)
+    s.observe_prefill("w", believed_units=math.nan, cached_units=0, prompt_units=10)
+    s.observe_prefill("w", believed_units=5, cached_units=-1, prompt_units=10)
+    assert s.refetch_share("w") < 0.01  # bad counts teach nothing
+    s.forget_worker("w")
+    assert s.refetch_share("w") == 0.0
+
+
+def test_lbgr_learns_each_workers_refetch_share_from_its_answers() -> None:
+    """A's answers say it no longer held what the router sent it; B's that it did. Only A
+    learns a refetch share, and the policy sees it in its snapshot; the paper's LBGR (which
+    reads the index as it is) learns none."""
+    router = Router(make_policy("lbgr", random.Random(0)))
+    for i in range(30):
+        for worker, found in ((A, 0), (B, 1999)):
+            prompt = ids(2000, start=10_000 * i + (5000 if worker == B else 0))
+            router.index.insert(prompt, worker, now_ms=i * 1000.0)
+            d = router.route(req(f"{worker}{i}", prompt), [WorkerStatus(worker)], i * 1000.0)
+            router.complete(d, Outcome(True, 100.0, 50.0, cached_tokens=found))
+    assert router.survival.refetch_share(A) > 0.9
+    assert router.survival.refetch_share(B) == 0.0
+    shares = {s.url: s.refetch_share for s in router.snapshots(req("q", ids(10)), BOTH)}
+    assert shares[A] == router.survival.refetch_share(A)
+    assert shares[B] == 0.0
+    assert not router._believed_on  # nothing left behind for closed decisions
+    paper = Router(make_policy("lbgr_paper", random.Random(0)))
+    paper.index.insert(ids(2000), A, now_ms=0)
+    d = paper.route(req("p", ids(2000)), [WorkerStatus(A)], now_ms=1000)
+    paper.complete(d, Outcome(True, 100.0, 50.0, cached_tokens=0))
+    assert paper.survival.refetch_share(A) == 0.0
+
+
 def test_a_removed_worker_forgets_its_curve() -> None:
     router = Router(make_policy("lbgr", random.Random(0)))
     _teach(router, ids(300), found=0, at_ms=100_000, n=20)
