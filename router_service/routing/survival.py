@@ -37,8 +37,9 @@ prefill (everything it did not find cached), the share the index believed it hel
 entries it evicted and now prefills again (``refetch_share``). In a full cache every unit a
 request inserts evicts one; this share is how much of what a worker evicts comes back, so an
 insert there is expected to cost that share of its prefill again later (``lbgr``'s
-``evict``). A cache with room, or one whose evicted entries never return (GSP in grouped
-order: a finished group is not asked again), learns about 0.
+``evict``, for a copy of what another worker holds). A cache with room, or one whose evicted
+entries never return (GSP in grouped order: a finished group is not asked again), learns
+about 0.
 
 >>> s.observe_prefill("w", believed_units=4_000, cached_units=1_000, prompt_units=5_000)
 >>> round(s.refetch_share("w"), 2)  # prefilled 4,000, of which 3,000 (less the slack) held

@@ -103,7 +103,7 @@ class WorkerSnapshot:
     # (``Router``, ``routing.survival``); None: not given (``cached`` is the belief).
     index_cached: int | None = None
     # Of what the worker prefilled lately, the share it had cached before and evicted
-    # (``CacheSurvival.refetch_share``): what an insert there is expected to cost again.
+    # (``CacheSurvival.refetch_share``): what a copy stored there is expected to cost again.
     refetch_share: float = 0.0
 
 
@@ -122,7 +122,7 @@ class Candidate:
     predicted_ms: float | None = None
     in_flight: int | None = None
     impact_ms: float | None = None  # lbgr: what the request would cost the worker's others
-    evict_ms: float | None = None  # lbgr: of impact_ms, the refetch of what its insert evicts
+    evict_ms: float | None = None  # lbgr: of impact_ms, the refetch of what its copy evicts
     cost_ms: float | None = None  # lbgr: what the argmin ranks (predicted + impact)
     index_cached: int | None = None  # lbgr: the index's belief before the survival discount
 

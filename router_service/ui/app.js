@@ -13,7 +13,7 @@ const TIMES = [
   ["residual", "residual_ms", "the learned correction"],
   ["predicted", "predicted_ms", "base + queue + residual"],
   ["impact", "impact_ms",
-    "the delay its prefill adds to the worker's other requests, and the refetch of what it evicts"],
+    "the delay its prefill adds to the worker's other requests, and the refetch of what its copy evicts"],
   ["cost", "cost_ms", "predicted + impact: the lowest wins"],
 ];
 

@@ -17,7 +17,7 @@ Two estimates (``estimate``):
       wait    = P * Q + A * Q2 + o * (D_kv * K + D_seq * B)                  (queue_ms)
       own     = P * u + A * u (c + u/2) + o * (D_0 + D_kv * (n + o/2) + D_seq)   (base_ms)
       predict = own + alpha * wait + residual                             (predicted_ms)
-      evict   = evict * R * (P * u + A * u (c + u/2))                     (evict_ms)
+      evict   = evict * R * P * (h - c)                                   (evict_ms)
       impact  = impact * (P * u + A * u (c + u/2)) * (B + N) + evict      (impact_ms)
       cost    = predict + impact                                          (cost_ms)
 
@@ -29,11 +29,13 @@ Two estimates (``estimate``):
   worker: few at low load, many near saturation. Greedy on its own latency alone, a request
   takes a cache miss on an idler worker whenever the miss is cheaper *for it*; near
   saturation that extra work is what queues everyone else, and the fleet's hit rate and
-  capacity fall (``docs/design.md``, *Routing*). The ``u`` tokens it inserts also evict as
-  many from a full cache; ``R``, the worker's ``refetch_share`` (``routing.survival``), is the
-  share of what that worker prefilled lately that it had held before and evicted, so the
-  insert is expected to cost ``R`` of its prefill again later (``evict`` weighs it: 2, since
-  ``R`` is seen only where a request was sent after its belief; a cache with room, or whose
+  capacity fall (``docs/design.md``, *Routing*). What a request inserts also evicts as much
+  from a full cache, wherever it goes; what differs between workers is the copy: ``h - c``
+  tokens of its prefix that another worker holds (``h``, the deepest match in the fleet) and
+  this one would store twice. ``R``, the worker's ``refetch_share`` (``routing.survival``),
+  is the share of what it prefilled lately that it had held before and evicted, so the copy
+  is expected to cost ``R`` of its prefill again later (``evict`` weighs it: 2, since ``R``
+  is seen only where a request was sent after its belief; a cache with room, or whose
   evicted entries never come back, learns ``R`` = 0). It keeps one copy of a prefix in the
   fleet where copies would push out prefixes still asked for. A long answer weighs the
   decode load of each worker; a short one (the paper's GSP, 4 tokens) weighs cache hits and
@@ -175,7 +177,7 @@ class LBGRPolicy:
         )
 
     def _estimate(
-        self, request: RouteRequest, w: WorkerSnapshot, fleet: float = 0.0
+        self, request: RouteRequest, w: WorkerSnapshot, fleet: float = 0.0, held: int = 0
     ) -> tuple[float, float, float, float, _InOutput | None]:
         """(base_ms, queue_ms, impact_ms, evict_ms, the estimate as a function of the output
         length) of ``request`` on worker ``w``; the last is None for the paper's estimate."""
@@ -198,8 +200,10 @@ class LBGRPolicy:
         # (SGLang runs prefill first), and the requests that arrive while the worker works it
         # off, counted as the fleet's mean requests per worker (few at low load, many near
         # saturation: M/M/1's mean number in system, rho / (1 - rho)).
-        # And what it evicts: the share of it that comes back is prefilled again.
-        evict = self.evict * w.refetch_share * own_prefill
+        # And what its copy of a prefix another worker holds evicts here: the share of it
+        # that comes back is prefilled again.
+        copied = max(0, held - w.cached) * per_unit
+        evict = self.evict * w.refetch_share * prefill * copied
         impact = self.impact * own_prefill * (batch + fleet) + evict
         shape = _InOutput(
             own_prefill + self.alpha * wait_prefill, own_step + self.alpha * wait_step, kv / 2.0
@@ -217,11 +221,12 @@ class LBGRPolicy:
         with_features = models.needs_features  # ewmean/none ignore them: skip the dicts
         loads = [w.in_flight + w.other_requests for w in workers if w.healthy]
         fleet = sum(loads) / len(loads) if loads else 0.0
+        held = max((w.cached for w in workers if w.healthy), default=0)
         for w in workers:
             if not w.healthy:
                 candidates.append(ineligible_candidate(w))
                 continue
-            base, queue, impact, evict, shape = self._estimate(request, w, fleet)
+            base, queue, impact, evict, shape = self._estimate(request, w, fleet, held)
             estimate = base + self.alpha * queue
             features = residual_features(request, w, estimate) if with_features else _NO_FEATURES
             residual = models.predict(w.url, features)

@@ -176,7 +176,8 @@ def test_an_insert_costs_the_prefill_of_what_it_evicts_that_comes_back() -> None
     """A worker holds the request's prompt but has a prefill backlog; greedy on the request's
     latency and its stall, a copy on the idle worker wins. Where caches are full of entries
     that come back (half of what the workers prefill they had held before), the copy pushes
-    out that much for later requests to prefill again: the request waits for the holder."""
+    out as much for later requests to prefill again: the request waits for the holder. What
+    no worker holds is inserted wherever it goes, and costs every worker the same: nothing."""
     policy = lbgr()
     p, a = policy.prefill_ms_per_token, policy.attention_ms_per_pair
     request = req("r", ids(4000), 4)
@@ -188,13 +189,15 @@ def test_an_insert_costs_the_prefill_of_what_it_evicts_that_comes_back() -> None
     full = [replace(w, refetch_share=0.5) for w in room]
     decision = policy.decide(request, full)
     assert decision.chosen == A
-    copy = p * 4000 + a * attention_pairs(0, 4000)
-    rest = p * 500 + a * attention_pairs(3500, 500)
-    assert decision.candidate(B).evict_ms == pytest.approx(2.0 * 0.5 * copy)
-    assert decision.candidate(A).evict_ms == pytest.approx(2.0 * 0.5 * rest)
+    miss = p * 4000 + a * attention_pairs(0, 4000)
+    copy = 2.0 * 0.5 * p * 3500  # the 3,500 tokens A holds, stored twice
+    assert decision.candidate(B).evict_ms == pytest.approx(copy)
+    assert decision.candidate(A).evict_ms == 0.0
     fleet = 0.5  # one request in flight over two workers
-    assert decision.candidate(B).impact_ms == pytest.approx(copy * fleet + copy)
+    assert decision.candidate(B).impact_ms == pytest.approx(miss * fleet + copy)
     assert decision.to_dict()["candidates"][1]["evict_ms"] == pytest.approx(copy)
+    unheld = [replace(w, cached=0) for w in full]
+    assert {c.evict_ms for c in policy.decide(request, unheld).candidates} == {0.0}
     assert lbgr(evict=0.0).decide(request, full).chosen == B  # the weight turns it off
     with pytest.raises(ValueError, match="evict"):
         lbgr(evict="much")
