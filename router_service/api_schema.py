@@ -276,7 +276,9 @@ class WorkerAnswer(BaseModel):
     cache_survival: dict[str, Any] = Field(
         description="what of the prefix index's belief the worker's answers say survives: "
         "answers learned from, the share by octave of age (under 250 ms, 250-500 ms, ...) "
-        "and horizon_ms, the age from which less than half survives (null: none learned)"
+        "and horizon_ms, the age from which less than half survives (null: none learned); "
+        "refetch_share, of what the worker prefilled lately the share it had held before "
+        "and evicted"
     )
 
 
