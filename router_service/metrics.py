@@ -17,6 +17,7 @@
 | ``kvroute_redis_connected`` | gauge | |
 | ``kvroute_index_units`` | gauge | worker |
 | ``kvroute_cache_horizon_seconds`` | gauge | worker |
+| ``kvroute_cache_refetch_share`` | gauge | worker |
 | ``kvroute_index_sync_lag_seconds`` | histogram | |
 | ``kvroute_load_copy_age_seconds`` | histogram | |
 | ``kvroute_index_sync_events`` | gauge | kind (published/applied/dropped) |
@@ -56,6 +57,10 @@ class _StateCollector(Collector):
             "kvroute_cache_hit_ratio_estimate": (
                 "Router-estimated cache hit ratio per worker",
                 "hit_ratio_estimate",
+            ),
+            "kvroute_cache_refetch_share": (
+                "Of what the worker prefilled lately, the share it had held before and evicted",
+                "cache_refetch_share",
             ),
         }
         for name, (doc, key) in per_worker.items():

@@ -132,6 +132,7 @@ class ServiceState:
                 "in_flight": self.router.in_flight.get(url, 0),
                 "index_units": self.router.index_units(url),
                 "cache_horizon_ms": self.router.survival.horizon_ms(url),
+                "cache_refetch_share": self.router.survival.refetch_share(url),
                 "hit_ratio_estimate": self.cached_units.get(url, 0) / prompt if prompt else 0.0,
             }
         models = {}

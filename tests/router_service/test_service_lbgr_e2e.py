@@ -191,6 +191,11 @@ def test_answers_cached_counts_teach_what_survives(
     assert cand["index_cached"] == 200
     metrics = router.control.get("/metrics").text
     assert f'kvroute_cache_horizon_seconds{{worker="{learned["url"]}"}} 0.0' in metrics
+    gauge = f'kvroute_cache_refetch_share{{worker="{learned["url"]}"}} '
+    line = next(x for x in metrics.splitlines() if x.startswith(gauge))
+    assert float(line.removeprefix(gauge)) == pytest.approx(
+        learned["cache_survival"]["refetch_share"], abs=1e-3
+    )
     assert cand["cached"] < 50
     assert cand["evict_ms"] >= 0.0  # shown with the other figures (tested in test_lbgr_service)
     # The answers of an engine that does not report a count teach nothing.
