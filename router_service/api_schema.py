@@ -201,8 +201,8 @@ class CandidateAnswer(BaseModel):
     )
     evict_ms: float | None = Field(
         None,
-        description="lbgr: of impact_ms, the prefill its insert is expected to cost again "
-        "(what it evicts that comes back)",
+        description="lbgr: of impact_ms, what storing a second copy of a prefix another "
+        "worker caches is expected to cost again (what it evicts that comes back)",
     )
     cost_ms: float | None = Field(None, description="lbgr: what the argmin ranks")
     eligible: bool

@@ -67,14 +67,13 @@ class Router:
         self._last_match: tuple[str, dict[str, int]] = ("", {})
         self._last_index: dict[str, int] = {}  # of the last match: the index's own belief
         self._last_segments: dict[str, list[Segment]] = {}  # of the last match, when discounted
-        # What survives in the workers' caches, by age of the index's belief; the segments
-        # each open decision's worker was matched on, to learn from its answer.
+        # What survives in the workers' caches, by age of the index's belief, and what they
+        # prefill again. Per open decision of a cache-learning policy, to learn from its
+        # answer: the segments its worker was matched on (none with exact KV events), the
+        # index's own belief there (approximate, even where events made the match exact),
+        # the request's units and its tokens per unit.
         self.survival = survival if survival is not None else CacheSurvival()
-        self._matched_on: dict[str, tuple[list[Segment], RouteRequest]] = {}
-        # Per open decision of a cache-learning policy: the index's own belief on its worker
-        # (approximate, even where KV events made the match exact), its units and tokens per
-        # unit, to learn from the answer what the worker refetched (``refetch_share``).
-        self._believed_on: dict[str, tuple[int, int, float]] = {}
+        self._matched_on: dict[str, tuple[list[Segment], int, int, float]] = {}
         self._last_approx: dict[str, int] = {}  # of the last match: the index's belief
         self.clock_ms = 0.0  # the latest time a caller passed (decisions without one use it)
         self._last_sources: dict[str, str] = {}  # of the last match: worker -> source
@@ -169,12 +168,13 @@ class Router:
             if keys is not None:
                 matched = {w: keys.units(m, total) for w, m in matched.items()}
             believed = dict(matched)
-        self._last_approx = dict(believed)
+        self._last_approx = believed
         blocks = self.blocks
         if blocks is not None and blocks.workers:
             sources: dict[str, str]
             if request.tokens:
                 exact, sources = blocks.match(request.request_id, request.key, blocks.workers)
+                believed = dict(believed)  # the approximate belief stays _last_approx
                 for worker, tokens in exact.items():
                     matched[worker] = believed[worker] = min(tokens, request.units)
                     sources[worker] = "events"
@@ -229,13 +229,10 @@ class Router:
         if now_ms > self.clock_ms:
             self.clock_ms = now_ms
         uncached = request.units - self.cached_for(request, chosen)
-        segments = self._last_segments.get(chosen)
-        if segments:  # learn from its answer what of the index's belief survived
-            self._matched_on[decision.decision_id] = (segments, request)
-        if self.learns_cache:
-            believed = self._last_approx.get(chosen, 0)
-            self._believed_on[decision.decision_id] = (
-                believed,
+        if self.learns_cache:  # learn from its answer what survived and what came back
+            self._matched_on[decision.decision_id] = (
+                self._last_segments.get(chosen, []),
+                self._last_approx.get(chosen, 0),
                 request.units,
                 request.tokens_per_unit,
             )
@@ -272,25 +269,20 @@ class Router:
         if self.blocks is not None:
             self.blocks.close(decision.decision_id)
         matched_on = self._matched_on.pop(decision.decision_id, None)
-        believed_on = self._believed_on.pop(decision.decision_id, None)
         if decision.decision_id in self._orphans:  # its worker is gone: nothing to update
             self._orphans.discard(decision.decision_id)
             return None
         self.ledger.close(decision.decision_id, outcome.output_tokens)
         if matched_on is not None and outcome.ok and outcome.cached_tokens is not None:
-            segments, request = matched_on
+            segments, believed, units, guess = matched_on
             # In the request's units: by the prompt's own token count when the answer gives
             # it (a text prompt's characters per token are only a guess), else the guess.
-            found, prompt = outcome.cached_tokens, outcome.prompt_tokens
-            per_unit = prompt / request.units if prompt and request.units else None
-            per_unit = per_unit or request.tokens_per_unit
-            self.survival.observe(decision.chosen, segments, found / per_unit, per_unit)
-        if believed_on is not None and outcome.ok and outcome.cached_tokens is not None:
-            believed, units, guess = believed_on
-            counted = outcome.prompt_tokens
-            scale = (counted / units if counted and units else None) or guess
-            found_units = outcome.cached_tokens / scale
-            self.survival.observe_prefill(decision.chosen, believed, found_units, units, scale)
+            prompt = outcome.prompt_tokens
+            per_unit = (prompt / units if prompt and units else None) or guess
+            found = outcome.cached_tokens / per_unit
+            if segments:
+                self.survival.observe(decision.chosen, segments, found, per_unit)
+            self.survival.observe_prefill(decision.chosen, believed, found, units, per_unit)
         policy = self._policy_of.pop(decision.decision_id, None)
         if policy is None:  # never committed here: only the current policy can judge it
             if decision.policy != self.policy.name:

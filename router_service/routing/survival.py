@@ -154,7 +154,7 @@ class CacheSurvival:
         if found is None or seen is None:
             found = self._found[worker] = [0.0] * BUCKETS
             seen = self._seen[worker] = [0.0] * BUCKETS
-        reach = cached_units + self.slack_tokens / max(tokens_per_unit, 1e-9)
+        reach = cached_units + self._slack_units(tokens_per_unit)
         keep = self.memory
         for start, end, age in segments:
             if end <= start:
@@ -172,6 +172,10 @@ class CacheSurvival:
             shares.append(floor)
         self._curve[worker] = tuple(shares)
 
+    def _slack_units(self, tokens_per_unit: float) -> float:
+        """``slack_tokens`` in the request's units."""
+        return self.slack_tokens / max(tokens_per_unit, 1e-9)
+
     def observe_prefill(
         self,
         worker: str,
@@ -187,8 +191,7 @@ class CacheSurvival:
         values = (believed_units, cached_units, prompt_units)
         if not all(math.isfinite(v) and v >= 0 for v in values):
             return
-        slack = self.slack_tokens / max(tokens_per_unit, 1e-9)
-        refetched = max(0.0, believed_units - cached_units - slack)
+        refetched = max(0.0, believed_units - cached_units - self._slack_units(tokens_per_unit))
         prefilled = max(0.0, prompt_units - cached_units)
         keep = REFETCH_MEMORY
         self._refetched[worker] = self._refetched.get(worker, 0.0) * keep + refetched

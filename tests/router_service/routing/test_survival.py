@@ -238,7 +238,7 @@ def test_lbgr_learns_each_workers_refetch_share_from_its_answers() -> None:
     shares = {s.url: s.refetch_share for s in router.snapshots(req("q", ids(10)), BOTH)}
     assert shares[A] == router.survival.refetch_share(A)
     assert shares[B] == 0.0
-    assert not router._believed_on  # nothing left behind for closed decisions
+    assert not router._matched_on  # nothing left behind for closed decisions
     paper = Router(make_policy("lbgr_paper", random.Random(0)))
     paper.index.insert(ids(2000), A, now_ms=0)
     d = paper.route(req("p", ids(2000)), [WorkerStatus(A)], now_ms=1000)
