@@ -2,8 +2,10 @@
 
 The workers serve the tiny model (``scripts/make_tiny_model.py``) with a KV pool of
 ``POOL_TOKENS`` each, smaller than the prefixes the prefix-sharing traffic keeps in play, so
-both caches evict for real. The tests run in definition order on one pair of workers (a start
-costs ~30-60 s on two cores); the last one kills a worker.
+both caches evict for real. Both publish their KV events over ZMQ (``--kv-events-config``),
+which a router reads only when told (``--worker-kv-events``). The tests run in definition
+order on one pair of workers (a start costs ~30-60 s on two cores); the last one kills a
+worker.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -30,6 +32,7 @@ from real_traffic import (
 )
 
 from kvroute.engine_launch import (
+    SERVED_MODEL_NAME,
     EngineCluster,
     EngineSpec,
     engine_env,
@@ -37,6 +40,7 @@ from kvroute.engine_launch import (
     model_dir,
     vocab_size,
 )
+from sim.local_cluster import free_port
 from sim.workloads.gsp import GSPConfig, GSPWorkload
 
 POOL_TOKENS = 2400
@@ -66,14 +70,32 @@ PROMPTS = (
 )
 
 
+# Each worker's KV-event endpoints (publisher, replay), as `--worker-kv-events` names them.
+KV_EVENTS: list[str] = []
+
+
+def _kv_events_args() -> tuple[str, ...]:
+    """SGLang's flag for a publisher and a replay endpoint on free loopback ports (``bind``:
+    SGLang connects to an address without a wildcard unless told to bind it)."""
+    live, replay = (f"tcp://127.0.0.1:{free_port('127.0.0.1')}" for _ in range(2))
+    KV_EVENTS.append(f"{live},{replay}")
+    config = {"publisher": "zmq", "endpoint": live, "bind": True, "replay_endpoint": replay}
+    return ("--kv-events-config", json.dumps(config))
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineCluster]:
     with pytest.MonkeyPatch.context() as mp:
         # The router's answers name workers by URL, so tests can compare with the fleet.
         mp.setenv("KVROUTE_EXPOSE_WORKER_URLS", "true")
-        specs = (
-            EngineSpec(radix_cache_backend="rlt", max_total_tokens=POOL_TOKENS),
-            EngineSpec(radix_cache_backend=None, max_total_tokens=POOL_TOKENS),
+        KV_EVENTS.clear()
+        specs = tuple(
+            EngineSpec(
+                radix_cache_backend=backend,
+                max_total_tokens=POOL_TOKENS,
+                extra_args=_kv_events_args(),
+            )
+            for backend in ("rlt", None)
         )
         with EngineCluster(specs=specs, log_dir=str(tmp_path_factory.mktemp("engines"))) as engines:
             engines.start_workers()
@@ -182,10 +204,15 @@ def test_sglang_on_a_cpu_decodes_as_transformers_does(cluster: EngineCluster) ->
 
 
 def _run(
-    cluster: EngineCluster, policy: str, bodies: list[dict[str, Any]], *, explain: bool = False
+    cluster: EngineCluster,
+    policy: str,
+    bodies: list[dict[str, Any]],
+    *,
+    explain: bool = False,
+    router_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     cluster.flush()
-    router = cluster.start_router("kvroute", policy)
+    router = cluster.start_router("kvroute", policy, router_args)
     before = {w: metric_totals(w, COUNTERS) for w in cluster.worker_urls}
     started = time.perf_counter()
     answers = send_all(router + "/generate", bodies, concurrency=2)
@@ -198,7 +225,8 @@ def _run(
     return {
         "policy": policy,
         "answers": answers,
-        "prediction_errors": _prediction_errors(router, token, answers) if explain else [],
+        "router": router,
+        "chosen": _chosen(router, token, answers) if explain else [],
         "wall_s": wall_s,
         "hit_rate": hit_rate(
             {k: sum(b[k] for b in before.values()) for k in COUNTERS},
@@ -234,19 +262,33 @@ def _together(answers: list[Answer], groups: list[int | None]) -> float:
     return sum(c.most_common(1)[0][1] for c in by_group.values()) / len(answers)
 
 
-def _prediction_errors(router: str, token: str | None, answers: list[Answer]) -> list[int]:
-    """Per decision: the router's predicted cached tokens on the chosen worker minus the
-    worker's reported ``cached_tokens`` (a decision's cache figures need the admin token)."""
+def _chosen(router: str, token: str | None, answers: list[Answer]) -> list[dict[str, Any]]:
+    """Per decision, the chosen worker's line in ``/explain`` (a decision's cache figures
+    need the admin token)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    errors = []
+    chosen = []
     for answer in answers:
         req = urllib.request.Request(f"{router}/explain/{answer.decision_id}", headers=headers)
         with urllib.request.urlopen(req, timeout=10) as r:
             decision = json.loads(r.read())
-        chosen = next(c for c in decision["candidates"] if c["worker"] == decision["chosen"])
         assert decision["chosen"] == answer.worker
-        errors.append(int(chosen["cached"]) - answer.cached_tokens)
-    return errors
+        chosen.append(next(c for c in decision["candidates"] if c["worker"] == answer.worker))
+    return chosen
+
+
+def _errors(chosen: list[dict[str, Any]], answers: list[Answer]) -> list[int]:
+    """The router's predicted cached tokens on the chosen worker minus the worker's count."""
+    return [int(c["cached"]) - a.cached_tokens for c, a in zip(chosen, answers, strict=True)]
+
+
+def _error_text(errors: list[int]) -> str:
+    absolute = [abs(e) for e in errors]
+    return (
+        f"mean {statistics.fmean(errors):+.1f}, mean |error| {statistics.fmean(absolute):.1f}, "
+        f"median |error| {statistics.median(absolute):.0f}, max |error| {max(absolute)}, "
+        f"exact within 1 token: {sum(a <= 1 for a in absolute) / len(absolute):.2f}, "
+        f"over-predicted by more than 1 token: {sum(e > 1 for e in errors) / len(errors):.3f}"
+    )
 
 
 def test_lbgr_keeps_groups_together_under_eviction(cluster: EngineCluster) -> None:
@@ -280,15 +322,11 @@ def test_lbgr_keeps_groups_together_under_eviction(cluster: EngineCluster) -> No
     # Sprayed groups overflow both pools: the RLT worker and the LRU one both evicted.
     assert all(n > 0 for n in rr["evicted_tokens"].values())
 
-    errors: list[int] = lbgr["prediction_errors"]
+    errors = _errors(lbgr["chosen"], lbgr["answers"])
     absolute = [abs(e) for e in errors]
     print(
         f"router's predicted cached tokens - worker's cached_tokens, over {len(errors)} lbgr "
-        f"decisions: mean {statistics.fmean(errors):+.1f}, mean |error| "
-        f"{statistics.fmean(absolute):.1f}, median |error| {statistics.median(absolute):.0f}, "
-        f"max |error| {max(absolute)}, exact within 1 token: "
-        f"{sum(a <= 1 for a in absolute) / len(absolute):.2f} (prompts are "
-        f"{GSP.total_lens[0]} tokens)"
+        f"decisions: {_error_text(errors)} (prompts are {GSP.total_lens[0]} tokens)"
     )
     # The router's index does not see evictions: it can only over-predict, by at most a
     # prompt. Most decisions (the group's prefix cached where the router thinks) are close.
@@ -298,6 +336,119 @@ def test_lbgr_keeps_groups_together_under_eviction(cluster: EngineCluster) -> No
 
 def _fmt(values: dict[str, float], digits: int = 3) -> str:
     return ", ".join(f"{k} {v:.{digits}f}" for k, v in values.items())
+
+
+def _workers_status(cluster: EngineCluster) -> dict[str, dict[str, Any]]:
+    """``GET /workers`` on the router's control port: each worker's line."""
+    req = urllib.request.Request(
+        f"{cluster.control_url}/workers",
+        headers={"Authorization": f"Bearer {cluster.admin_token}"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return {w["url"]: w for w in json.loads(r.read())["workers"]}
+
+
+def _wait_for(check: Any, timeout_s: float = 30.0) -> Any:
+    """Poll ``check()`` until it returns something true (events arrive over ZMQ)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.2)
+
+
+def test_the_workers_kv_events_tell_the_router_what_they_cache(cluster: EngineCluster) -> None:
+    """Both real workers publish their KV events (SGLang's ZMQ publisher; the ``rlt`` one
+    from kvroute's plugin, the other from SGLang's LRU cache); a router told their endpoints
+    predicts what each caches from those events, evictions included, and a flush
+    (``AllBlocksCleared``) empties its view. Chat requests are tokenized by the router with
+    the model's own tokenizer and chat template (``--tokenizer``), so their pages match too.
+    """
+    vocab = vocab_size(model_dir())
+    bodies = gsp_bodies(GSP, vocab)
+    pairs = [f"{url}={events}" for url, events in zip(cluster.worker_urls, KV_EVENTS, strict=True)]
+    args = ["--worker-kv-events", *pairs, "--tokenizer", str(model_dir())]
+    row = _run(cluster, "lbgr", bodies, explain=True, router_args=args)
+    answers: list[Answer] = row["answers"]
+    chosen: list[dict[str, Any]] = row["chosen"]
+    sources = Counter(c["cache_source"] for c in chosen)
+    from_events = [
+        (c, a) for c, a in zip(chosen, answers, strict=True) if c["cache_source"] == "events"
+    ]
+    errors = _errors([c for c, _ in from_events], [a for _, a in from_events])
+    status = _workers_status(cluster)
+    streams = {url: status[url]["kv_events"] for url in cluster.worker_urls}
+    print(
+        f"\nlbgr with events: hit rate {row['hit_rate']:.3f}, sources {dict(sources)}; over the "
+        f"{len(errors)} decisions from events: {_error_text(errors)}"
+    )
+    for url, stream in streams.items():
+        print(
+            f"  {url}: {stream['status']}, page {stream['page_size']}, blocks {stream['blocks']}, "
+            f"stored {stream['stored']}, removed {stream['removed']}, batches "
+            f"{stream['batches']}, gaps {stream['gaps']}, replayed {stream['replayed']}, "
+            f"lost {stream['lost']}, dropped {stream['dropped']}"
+        )
+    # Both streams are live and nothing was lost. The router read each worker's history first
+    # (the replay endpoint keeps earlier tests' batches), then this run: at least a removed
+    # page (of one token) per token the worker says it evicted in the run, and a view that
+    # never holds more than the pool.
+    evicted = dict(zip(cluster.worker_urls, row["evicted_tokens"].values(), strict=True))
+    print(f"  tokens the workers evicted in this run: {evicted}")
+    assert sum(evicted.values()) > 0, "no eviction: the pool is too large for the test"
+    for url, stream in streams.items():
+        assert stream["status"] == "live"
+        assert stream["page_size"] == 1  # SGLang's default page on a CPU
+        assert stream["removed"] >= evicted[url]
+        assert 0 < stream["blocks"] <= POOL_TOKENS
+        assert stream["malformed"] == 0
+        assert stream["lost"] == 0
+    # Only decisions made before a worker's first event may fall back to the index.
+    assert len(from_events) >= 0.9 * len(answers)
+    # The events are the workers' own: the prediction is what the worker reports, up to the
+    # last token (SGLang computes at least one) and a prefix evicted between the decision and
+    # the request's admission (0-4% of decisions over-predicted in runs here, mean |error|
+    # 0-3 tokens; the router's own index on the same traffic: 13-27%, 40-68 tokens).
+    assert statistics.fmean(abs(e) for e in errors) <= 15
+    assert sum(e > 1 for e in errors) <= 0.1 * len(errors)
+
+    # Chat through the router's tokenizer: the second turn's prefix is the first's prompt.
+    router = row["router"]
+    token = cluster.admin_token
+    chat = {
+        "model": SERVED_MODEL_NAME,
+        "messages": [{"role": "user", "content": " ".join(PROMPTS) * 4}],
+        "max_tokens": 2,
+        "temperature": 0,
+    }
+    first = send_all(router + "/v1/chat/completions", [chat], concurrency=1)[0]
+    assert first.ok, first.error
+    worker = first.worker
+    assert _wait_for(lambda: _workers_status(cluster)[worker]["kv_events"]["blocks"] > 0)
+    again = send_all(router + "/v1/chat/completions", [chat], concurrency=1)[0]
+    assert again.ok, again.error
+    line = _chosen(router, token, [again])[0]
+    usage = (again.body or {})["usage"]
+    reported = int(usage["prompt_tokens_details"]["cached_tokens"])
+    print(
+        f"  chat repeated: predicted {line['cached']} ({line['cache_source']}), the worker "
+        f"reported {reported} of {usage['prompt_tokens']}"
+    )
+    assert line["cache_source"] == "events"
+    assert reported >= usage["prompt_tokens"] - 1  # the whole prompt was cached
+    assert abs(line["cached"] - reported) <= 1
+
+    # A flush is SGLang's AllBlocksCleared: the router's view of each worker empties.
+    cluster.flush()
+    emptied = _wait_for(
+        lambda: all(
+            s["kv_events"]["blocks"] == 0 and s["kv_events"]["clears"] >= 1
+            for url, s in _workers_status(cluster).items()
+            if url in cluster.worker_urls
+        )
+    )
+    assert emptied, _workers_status(cluster)
 
 
 def test_a_worker_killed_mid_run_loses_nothing(cluster: EngineCluster) -> None:
