@@ -159,6 +159,13 @@ def add_parser(sub: Any) -> None:
         "replay endpoint after a comma; default: none, every worker on the approximate index",
     )
     p.add_argument(
+        "--kv-events-discover",
+        action="store_true",
+        default=None,
+        help="subscribe to the KV events each worker without --worker-kv-events describes in "
+        "its /server_info (SGLang's kv_events; hosts on the worker allow-list); default: off",
+    )
+    p.add_argument(
         "--tokenizer",
         default=None,
         metavar="PATH",
@@ -202,6 +209,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             queue_free_at=args.queue_free_at,
             queue_max_wait_s=args.queue_max_wait_s,
             worker_kv_events=args.worker_kv_events,
+            kv_events_discover=args.kv_events_discover,
             tokenizer=args.tokenizer,
         )
     except SettingsError as exc:

@@ -126,6 +126,7 @@ def _worker_view(state: ServiceState, url: str) -> dict[str, Any]:
     w = state.pool.workers[url]
     ledger = state.router.ledger
     others = state.worker_load.others(url) if state.worker_load is not None else (0.0, 0.0)
+    discovery = state.kv_discovery
     return {
         **w.to_dict(),
         "in_flight": ledger.in_flight.get(url, 0),
@@ -138,6 +139,8 @@ def _worker_view(state: ServiceState, url: str) -> dict[str, Any]:
         "index_units": state.router.index_units(url),
         "cache_survival": state.router.survival.view(url),
         "kv_events": state.kv_feed.worker_status(url) if state.kv_feed is not None else None,
+        # --kv-events-discover: "subscribed", or why the worker's /server_info named none
+        "kv_events_discovery": discovery.outcomes.get(url) if discovery is not None else None,
     }
 
 
@@ -235,6 +238,8 @@ def forget_worker(state: ServiceState, url: str) -> None:
         state.worker_load.forget(url)
     if state.kv_feed is not None:
         state.kv_feed.remove(url)
+    if state.kv_discovery is not None:
+        state.kv_discovery.forget(url)
 
 
 def build_policy(

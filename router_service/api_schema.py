@@ -280,6 +280,16 @@ class WorkerAnswer(BaseModel):
         "refetch_share, of what the worker prefilled lately the share it had held before "
         "and evicted"
     )
+    kv_events: dict[str, Any] | None = Field(
+        None,
+        description="the worker's KV-event stream (endpoint, replay, status, page_size, blocks, "
+        "counters); null without one",
+    )
+    kv_events_discovery: str | None = Field(
+        None,
+        description="with --kv-events-discover: 'subscribed', or why the worker's /server_info "
+        "named no publisher the router could use; null when off or not asked yet",
+    )
 
 
 class WorkerListAnswer(BaseModel):

@@ -41,7 +41,7 @@ from router_service.discovery import WorkerDiscovery, event_source_for
 from router_service.dispatch import DispatchQueue
 from router_service.errors import ServiceError, error_response, internal_error_response
 from router_service.index_sync import IndexSync
-from router_service.kv_events import feed_from_settings
+from router_service.kv_events import EventDiscovery, disallowed_host, feed_from_settings
 from router_service.load_store import make_store
 from router_service.metrics import Metrics
 from router_service.model_snapshots import ModelSnapshots
@@ -119,6 +119,10 @@ def _build_state(settings: Settings) -> ServiceState:
     assert state.router.blocks is not None
     state.kv_feed = feed_from_settings(settings, state.router.blocks, state.now_ms)
     state.metrics.registry.register(state.kv_feed.collector())
+    if settings.kv_events_discover:
+        state.kv_discovery = EventDiscovery(
+            state.kv_feed, lambda: state.http(), lambda source: disallowed_host(settings, source)
+        )
     state.tokenizer = load_tokenizer(settings.tokenizer)
     if settings.worker_dns is not None:
         state.discovery = _discovery(state, settings.worker_dns)
@@ -248,6 +252,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     await _restore_models(state)
     await asyncio.wait_for(state.pool.check_all(), settings.health_timeout_s + 1.0)
     state.pool.warn_at_start()
+    if state.kv_discovery is not None:  # the publishers the workers name, before serving
+        with contextlib.suppress(TimeoutError):
+            found = state.kv_discovery.check_all(state.pool.healthy_urls())
+            await asyncio.wait_for(found, 5.0)
 
     def trim() -> None:
         state.router.maybe_trim(state.now_ms())
@@ -267,6 +275,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         tasks.append(
             asyncio.create_task(
                 state.discovery.run(settings.worker_dns_interval_s), name="discovery"
+            )
+        )
+    if state.kv_discovery is not None:
+        tasks.append(
+            asyncio.create_task(
+                state.kv_discovery.run(state.pool.healthy_urls, settings.kv_events_discover_s),
+                name="kv-events-discovery",
             )
         )
     if state.queue is not None:

@@ -1,7 +1,8 @@
 """Subscribe to the workers' KV events over ZMQ (asyncio) and feed the exact block sets.
 
-One task per worker with an event endpoint (``--worker-kv-events URL=tcp://host:port`` or
-``POST /workers`` with ``kv_events``): a SUB socket on the worker's publisher, a socket
+One task per worker with an event endpoint (``--worker-kv-events URL=tcp://host:port``,
+``POST /workers`` with ``kv_events``, or, with ``--kv-events-discover``, what the worker's
+own ``/server_info`` names: ``EventDiscovery``): a SUB socket on the worker's publisher, a socket
 monitor that reports (re)connects and disconnects, and a DEALER on the worker's replay
 endpoint when it has one. What to do with each message (order, gaps, replays, rebuilds) is
 ``routing.event_stream``'s decision; this module only moves frames and passes the clock.
@@ -15,6 +16,10 @@ worker, not from the other replicas (the Redis index sync is for workers without
 EventSource(endpoint='tcp://10.0.0.5:5557', replay='tcp://10.0.0.5:5558')
 >>> parse_worker_events(["http://10.0.0.5:30001=tcp://10.0.0.5:5557"])
 {'http://10.0.0.5:30001': EventSource(endpoint='tcp://10.0.0.5:5557', replay=None)}
+>>> source_from_server_info("http://10.0.0.5:30000", {"kv_events": {"publisher": "zmq",
+...     "endpoint_host": "*", "endpoint_port_base": 5557, "replay_endpoint_port_base": 5558,
+...     "dp_size": 1, "block_size": 16, "topic": ""}})
+EventSource(endpoint='tcp://10.0.0.5:5557', replay='tcp://10.0.0.5:5558')
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import zmq
 import zmq.asyncio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -42,6 +48,7 @@ from router_service.routing.block_sets import BlockSets
 from router_service.routing.event_stream import DEFAULT_MAX_MESSAGE_BYTES, EventStream
 
 __all__ = [
+    "EventDiscovery",
     "EventSource",
     "KVEventFeed",
     "allowed_source",
@@ -49,6 +56,7 @@ __all__ = [
     "feed_from_settings",
     "parse_source",
     "parse_worker_events",
+    "source_from_server_info",
 ]
 
 log = logging.getLogger("kvroute.kv_events")
@@ -123,6 +131,15 @@ def feed_from_settings(
     return feed
 
 
+def disallowed_host(settings: Settings, source: EventSource) -> str | None:
+    """The first of ``source``'s hosts that is not on the worker allow-list, if any."""
+    for host in event_host(source):
+        shown = f"[{host}]" if ":" in host else host
+        if not settings.worker_allowed(f"http://{shown}:1"):
+            return host
+    return None
+
+
 def allowed_source(settings: Settings, text: str) -> EventSource:
     """``POST /workers``'s ``kv_events``: parsed, and its hosts on the worker allow-list (the
     control plane must not make the router connect anywhere else)."""
@@ -130,17 +147,130 @@ def allowed_source(settings: Settings, text: str) -> EventSource:
         source = parse_source(text)
     except ValueError as exc:
         raise ServiceError(400, f"kv_events: {exc}", field="kv_events") from None
-    for host in event_host(source):
-        shown = f"[{host}]" if ":" in host else host
-        if not settings.worker_allowed(f"http://{shown}:1"):
-            raise ServiceError(
-                403,
-                f"kv_events: {host} is not on the worker allow-list (--allowed-worker-networks, "
-                "--allowed-worker-hosts)",
-                field="kv_events",
-                error_type="forbidden",
-            )
+    host = disallowed_host(settings, source)
+    if host is not None:
+        raise ServiceError(
+            403,
+            f"kv_events: {host} is not on the worker allow-list (--allowed-worker-networks, "
+            "--allowed-worker-hosts)",
+            field="kv_events",
+            error_type="forbidden",
+        )
     return source
+
+
+_WILDCARDS = ("", "*", "0.0.0.0", "::")
+
+
+def source_from_server_info(worker_url: str, info: Any) -> EventSource:
+    """The event source a worker's ``/server_info`` names under ``kv_events``: SGLang's
+    descriptor (``publisher``, ``endpoint_host``, ``endpoint_port_base``,
+    ``replay_endpoint_port_base`` when there is a replay endpoint, ``dp_size``), on the
+    worker URL's own host where the descriptor gives a wildcard (a bind address). ValueError
+    says why there is none."""
+    if not isinstance(info, dict):
+        raise ValueError("its server info is not a JSON object")
+    found = info.get("kv_events")
+    if found is None:
+        raise ValueError("it describes no KV-event publisher (started without --kv-events-config)")
+    if not isinstance(found, dict):
+        raise ValueError(f"its kv_events descriptor is not an object: {found!r}")
+    if found.get("publisher") != "zmq":
+        raise ValueError(f"its publisher is {found.get('publisher')!r}, not 'zmq'")
+    ranks = found.get("dp_size", 1)
+    if ranks != 1:
+        raise ValueError(
+            f"{ranks} data-parallel ranks publish on ports base + rank: give each rank as its "
+            "own worker with --worker-kv-events"
+        )
+    host = found.get("endpoint_host")
+    if not isinstance(host, str) or host.strip("[]") in _WILDCARDS:
+        host = urlsplit(worker_url).netloc.rpartition(":")[0]  # IPv6 keeps its brackets
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+
+    def port(key: str) -> int:
+        value = found.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+            raise ValueError(f"its {key} is not a TCP port: {value!r}")
+        return value
+
+    endpoint = f"tcp://{host}:{port('endpoint_port_base')}"
+    if found.get("replay_endpoint_port_base") is None:
+        return parse_source(endpoint)
+    return parse_source(f"{endpoint},tcp://{host}:{port('replay_endpoint_port_base')}")
+
+
+class EventDiscovery:
+    """Subscribes to the events of workers that describe their publisher (``/server_info``'s
+    ``kv_events``, SGLang's since it added the descriptor; the emulated worker's too).
+
+    Before serving and every ``interval_s`` it asks each healthy worker that has no stream
+    yet, and subscribes the feed to what the worker names, if its hosts are on the worker
+    allow-list (the same rule as ``POST /workers``'s ``kv_events``). A worker that names none
+    is asked again the next round (it may be restarted with a publisher); why it has none is
+    logged once per change and kept in ``outcomes`` (``GET /workers``).
+    """
+
+    def __init__(
+        self,
+        feed: KVEventFeed,
+        session: Callable[[], aiohttp.ClientSession],
+        allowed: Callable[[EventSource], str | None],
+        *,
+        timeout_s: float = 2.0,
+    ) -> None:
+        self.feed = feed
+        self._session = session
+        self._disallowed = allowed  # the first host not allowed, or None
+        self.timeout_s = timeout_s
+        self.outcomes: dict[str, str] = {}  # url -> "subscribed" or why not
+
+    async def _server_info(self, url: str) -> Any:
+        """SGLang's ``/server_info`` (``/get_server_info`` on versions before the rename)."""
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        for path in ("/server_info", "/get_server_info"):
+            async with self._session().get(url + path, timeout=timeout) as resp:
+                if resp.status == 404:
+                    continue
+                if resp.status != 200:
+                    raise ValueError(f"GET {path} answered {resp.status}")
+                return await resp.json(content_type=None)
+        raise ValueError("it serves neither /server_info nor /get_server_info")
+
+    async def check(self, url: str) -> None:
+        """Ask ``url`` once, unless it has a stream already."""
+        if url in self.feed.sources:
+            return
+        try:
+            source = source_from_server_info(url, await self._server_info(url))
+            host = self._disallowed(source)
+            if host is not None:
+                raise ValueError(f"its publisher's host {host} is not on the worker allow-list")
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            reason = str(exc) or type(exc).__name__
+            if self.outcomes.get(url) != reason:
+                log.info("no KV events discovered for %s: %s", url, reason)
+            self.outcomes[url] = reason
+            return
+        if url in self.feed.sources:  # configured while this one asked
+            return
+        self.feed.add(url, source)
+        self.outcomes[url] = "subscribed"
+        log.info("KV events of %s discovered at %s", url, source.endpoint)
+
+    def forget(self, url: str) -> None:
+        self.outcomes.pop(url, None)
+
+    async def check_all(self, urls: Iterable[str]) -> None:
+        await asyncio.gather(*(self.check(url) for url in urls))
+
+    async def run(self, urls: Callable[[], list[str]], interval_s: float) -> None:
+        """Ask every worker ``urls()`` names every ``interval_s`` (the router asked each once
+        before serving); cancelled on shutdown."""
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.check_all(urls())
 
 
 class KVEventFeed:

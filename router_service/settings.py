@@ -175,6 +175,10 @@ class Settings(BaseSettings):
     kv_events_stale_s: float = Field(30.0, gt=0)  # a sent request's events this late: stale
     kv_events_replay_timeout_s: float = Field(5.0, gt=0)
     kv_events_max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    # Subscribe to what each worker without configured endpoints names in its /server_info
+    # (SGLang's kv_events descriptor), asked every kv_events_discover_s (EventDiscovery).
+    kv_events_discover: bool = False
+    kv_events_discover_s: float = Field(10.0, gt=0)
     # A local Hugging Face tokenizer directory: route on token ids (router_service.tokenizer).
     tokenizer: Path | None = None
     # Workers from DNS (router_service.discovery): http://NAME:PORT, a headless Service's name;

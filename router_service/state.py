@@ -17,7 +17,7 @@ from router_service.decisions import DecisionLog
 from router_service.discovery import WorkerDiscovery
 from router_service.dispatch import DispatchQueue
 from router_service.index_sync import IndexSync
-from router_service.kv_events import KVEventFeed
+from router_service.kv_events import EventDiscovery, KVEventFeed
 from router_service.load_store import LoadStore
 from router_service.metrics import Metrics
 from router_service.model_snapshots import ModelSnapshots
@@ -55,6 +55,7 @@ class ServiceState:
     policy_params: dict[str, Any] = field(default_factory=dict)
     worker_load: MetricsPoller | None = None  # workers' own /metrics (settings.worker_metrics_s)
     kv_feed: KVEventFeed | None = None  # workers' KV events (settings.worker_kv_events)
+    kv_discovery: EventDiscovery | None = None  # settings.kv_events_discover
     tokenizer: PromptTokenizer | None = None  # settings.tokenizer
     control_port: int | None = None  # the control listener's port, once bound
 

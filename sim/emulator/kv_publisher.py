@@ -22,6 +22,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import zmq
 import zmq.asyncio
@@ -139,12 +140,13 @@ class KVEventPublisher:
             await self._replay.send_multipart([client, b"", b"", encode_seq(END_SEQ), b""])
 
     def describe(self, page_size: int) -> dict[str, Any]:
-        """``/server_info``'s ``kv_events`` entry, in SGLang's shape."""
+        """``/server_info``'s ``kv_events`` entry, in SGLang's shape: the configured host
+        (``*`` for a wildcard, which a subscriber replaces with the worker's), the bound ports."""
         ends = self.endpoints()
         port = int(str(ends["endpoint"]).rsplit(":", 1)[1])
         info: dict[str, Any] = {
             "publisher": "zmq",
-            "endpoint_host": "127.0.0.1",
+            "endpoint_host": urlsplit(self.settings.endpoint).hostname or "*",
             "endpoint_port_base": port,
             "topic": self.settings.topic,
             "block_size": page_size,

@@ -338,6 +338,17 @@ def _fmt(values: dict[str, float], digits: int = 3) -> str:
     return ", ".join(f"{k} {v:.{digits}f}" for k, v in values.items())
 
 
+def _explain(router: str, token: str | None, body: dict[str, Any]) -> dict[str, Any]:
+    """``POST /explain``: what the router would decide for ``body`` now, by worker."""
+    req = urllib.request.Request(
+        f"{router}/explain",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return {c["worker"]: c for c in json.loads(r.read())["candidates"]}
+
+
 def _workers_status(cluster: EngineCluster) -> dict[str, dict[str, Any]]:
     """``GET /workers`` on the router's control port: each worker's line."""
     req = urllib.request.Request(
@@ -360,15 +371,17 @@ def _wait_for(check: Any, timeout_s: float = 30.0) -> Any:
 
 def test_the_workers_kv_events_tell_the_router_what_they_cache(cluster: EngineCluster) -> None:
     """Both real workers publish their KV events (SGLang's ZMQ publisher; the ``rlt`` one
-    from kvroute's plugin, the other from SGLang's LRU cache); a router told their endpoints
-    predicts what each caches from those events, evictions included, and a flush
+    from kvroute's plugin, the other from SGLang's LRU cache); a router told one's endpoints
+    and finding the other's in its ``/server_info`` (``--kv-events-discover``) predicts what
+    each caches from those events, evictions included, and a flush
     (``AllBlocksCleared``) empties its view. Chat requests are tokenized by the router with
     the model's own tokenizer and chat template (``--tokenizer``), so their pages match too.
     """
     vocab = vocab_size(model_dir())
     bodies = gsp_bodies(GSP, vocab)
-    pairs = [f"{url}={events}" for url, events in zip(cluster.worker_urls, KV_EVENTS, strict=True)]
-    args = ["--worker-kv-events", *pairs, "--tokenizer", str(model_dir())]
+    # The first worker's endpoints are given; the second's come from its own /server_info.
+    given = f"{cluster.worker_urls[0]}={KV_EVENTS[0]}"
+    args = ["--worker-kv-events", given, "--kv-events-discover", "--tokenizer", str(model_dir())]
     row = _run(cluster, "lbgr", bodies, explain=True, router_args=args)
     answers: list[Answer] = row["answers"]
     chosen: list[dict[str, Any]] = row["chosen"]
@@ -397,6 +410,12 @@ def test_the_workers_kv_events_tell_the_router_what_they_cache(cluster: EngineCl
     evicted = dict(zip(cluster.worker_urls, row["evicted_tokens"].values(), strict=True))
     print(f"  tokens the workers evicted in this run: {evicted}")
     assert sum(evicted.values()) > 0, "no eviction: the pool is too large for the test"
+    discovered = status[cluster.worker_urls[1]]
+    assert discovered["kv_events_discovery"] == "subscribed"
+    assert (
+        f"{discovered['kv_events']['endpoint']},{discovered['kv_events']['replay']}"
+        == (KV_EVENTS[1])
+    )
     for url, stream in streams.items():
         assert stream["status"] == "live"
         assert stream["page_size"] == 1  # SGLang's default page on a CPU
@@ -424,8 +443,13 @@ def test_the_workers_kv_events_tell_the_router_what_they_cache(cluster: EngineCl
     }
     first = send_all(router + "/v1/chat/completions", [chat], concurrency=1)[0]
     assert first.ok, first.error
-    worker = first.worker
-    assert _wait_for(lambda: _workers_status(cluster)[worker]["kv_events"]["blocks"] > 0)
+    prompt_tokens = int((first.body or {})["usage"]["prompt_tokens"])
+
+    def stored_on_first() -> bool:  # the worker's stores reach the router over ZMQ
+        line = _explain(router, token, chat)[first.worker or ""]
+        return bool(line["cache_source"] == "events" and line["cached"] >= prompt_tokens - 1)
+
+    assert _wait_for(stored_on_first), _explain(router, token, chat)
     again = send_all(router + "/v1/chat/completions", [chat], concurrency=1)[0]
     assert again.ok, again.error
     line = _chosen(router, token, [again])[0]

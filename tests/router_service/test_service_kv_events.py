@@ -29,14 +29,17 @@ PROMPT = list(range(200, 264))  # 64 tokens: 16 pages
 class Emulator:
     """An emulated worker publishing KV events, served from a thread."""
 
-    def __init__(self, **config: Any) -> None:
+    def __init__(self, *, events: bool = True, bind: str = "127.0.0.1", **config: Any) -> None:
         self.events, self.replay = free_port(), free_port()
-        kv = {"endpoint": f"tcp://127.0.0.1:{self.events}"}
-        kv["replay_endpoint"] = f"tcp://127.0.0.1:{self.replay}"
+        kv = {"endpoint": f"tcp://{bind}:{self.events}"}
+        kv["replay_endpoint"] = f"tcp://{bind}:{self.replay}"
         self.port = free_port()
         self.app = create_emulator_app(
             EmulatorConfig(
-                time_scale=50.0, page_size=PAGE, kv_events_config=json.dumps(kv), **config
+                time_scale=50.0,
+                page_size=PAGE,
+                kv_events_config=json.dumps(kv) if events else None,
+                **config,
             )
         )
         self.runner = web.AppRunner(self.app, access_log=None)
@@ -190,3 +193,56 @@ def test_workers_can_be_added_with_their_events(
     assert wait_until(lambda: live(router, third.url), 10)
     assert api.delete("/workers", params={"url": third.url}).status_code == 200
     assert third.url not in router.app.state.kvroute.router.blocks.workers
+
+
+def test_the_router_subscribes_to_the_events_a_worker_describes(
+    emulators: Callable[..., Emulator],
+) -> None:
+    """``kv_events_discover``: the router reads each worker's ``/server_info`` and subscribes
+    to the publisher it names (a wildcard bind address on the worker's own host); a worker
+    that names none stays on the approximate index, and ``GET /workers`` says why."""
+    described, plain = emulators(bind="*"), emulators(events=False)
+    settings = service_settings(
+        worker_urls=[described.url, plain.url],
+        admin_token=ADMIN_TOKEN,
+        policy="cache_aware",
+        kv_events_discover=True,
+        kv_events_discover_s=0.1,
+    )
+    router = RouterServer(settings).start()
+    try:
+        assert wait_until(lambda: live(router, described.url), 10), "events never went live"
+        listed = {w["url"]: w for w in control(router).get("/workers").json()["workers"]}
+        stream = listed[described.url]["kv_events"]
+        assert listed[described.url]["kv_events_discovery"] == "subscribed"
+        assert stream["endpoint"] == f"tcp://127.0.0.1:{described.events}"
+        assert stream["replay"] == f"tcp://127.0.0.1:{described.replay}"
+        assert listed[plain.url]["kv_events"] is None
+        assert "no KV-event publisher" in listed[plain.url]["kv_events_discovery"]
+        body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1}}
+        assert httpx.post(f"{described.url}/generate", json=body, timeout=30).status_code == 200
+        blocks = router.app.state.kvroute.router.blocks
+        assert wait_until(lambda: blocks.workers[described.url].blocks == len(PROMPT) // PAGE, 5)
+        shown = explain(router, body)
+        assert shown[described.url]["cache_source"] == "events"
+        assert shown[described.url]["cached"] == len(PROMPT)
+        assert shown[plain.url]["cache_source"] == "approximate"
+        # Removed, the worker's stream and what discovery knew of it go with it.
+        assert control(router).delete("/workers", params={"url": described.url}).is_success
+        assert described.url not in blocks.workers
+        assert described.url not in router.app.state.kvroute.kv_discovery.outcomes
+    finally:
+        router.stop()
+
+
+def test_discovery_is_off_unless_asked(emulators: Callable[..., Emulator]) -> None:
+    described = emulators()
+    settings = service_settings(worker_urls=[described.url], admin_token=ADMIN_TOKEN)
+    router = RouterServer(settings).start()
+    try:
+        assert router.app.state.kvroute.kv_discovery is None
+        listed = control(router).get("/workers").json()["workers"]
+        assert listed[0]["kv_events"] is None
+        assert listed[0]["kv_events_discovery"] is None
+    finally:
+        router.stop()
