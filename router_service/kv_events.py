@@ -216,13 +216,13 @@ class EventDiscovery:
         self,
         feed: KVEventFeed,
         session: Callable[[], aiohttp.ClientSession],
-        allowed: Callable[[EventSource], str | None],
+        disallowed: Callable[[EventSource], str | None],
         *,
         timeout_s: float = 2.0,
     ) -> None:
         self.feed = feed
         self._session = session
-        self._disallowed = allowed  # the first host not allowed, or None
+        self._disallowed = disallowed  # the first of a source's hosts not allowed, or None
         self.timeout_s = timeout_s
         self.outcomes: dict[str, str] = {}  # url -> "subscribed" or why not
 
