@@ -233,7 +233,8 @@ def connect(url: str, **options: Any) -> RedisClient:
         sentinel_kwargs["username"] = target.sentinel_username
     if target.ssl:
         sentinel_kwargs["ssl"] = True
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+    # Older redis-py leaves it untyped; newer releases type it (the ignore then goes unused).
+    sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
         list(target.nodes), sentinel_kwargs=sentinel_kwargs, **options
     )
     if target.service is None:  # parse_redis_url gives every Sentinel target one
