@@ -1,11 +1,12 @@
 """The data plane: admit, route, send with retries, relay.
 
 A request that fails before any byte reached the client (connection refused or reset, a
-timeout waiting for the answer, a 502/503/504 from the worker) is retried on *another*
-worker with exponential backoff and jitter (sglang-router/SMG's shape: 50 ms x 1.5, jitter
-0.2), bounded by ``retry_max_attempts`` and ``retry_deadline_s``; each attempt is its own
-decision (its load reservation released, its outcome recorded in ``/explain``). A stream
-that breaks after it started is never retried: it ends with an SSE error event (relay.py).
+timeout waiting for the answer, a 502/503/504 from the worker, a non-streamed answer cut
+short) is retried on *another* worker with exponential backoff and jitter (sglang-router/SMG's
+shape: 50 ms x 1.5, jitter 0.2), bounded by ``retry_max_attempts`` and ``retry_deadline_s``;
+each attempt is its own decision (its load reservation released, its outcome recorded in
+``/explain``). A stream that breaks after it started is never retried: it ends with an SSE
+error event (relay.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from starlette.responses import Response
 from router_service.admission import Admission
 from router_service.dispatch import DispatchQueue
 from router_service.errors import ServiceError
-from router_service.relay import SKIP_REQUEST_HEADERS, Flight, end_to_end, relay
+from router_service.relay import SKIP_REQUEST_HEADERS, BrokeOff, Flight, end_to_end, relay
 from router_service.request_parsing import ParsedRequest, load_json, parse_body
 from router_service.routing import Decision, NoEligibleWorker, RouteRequest, WorkerStatus
 from router_service.state import ServiceState
@@ -282,7 +283,12 @@ async def _attempt(
             headers=headers,
         )
         raise _Retryable(error)
-    return await relay(flight, upstream, headers), flight
+    try:
+        return await relay(flight, upstream, headers), flight
+    except BrokeOff as exc:  # a non-streamed answer cut short: the client has none of it
+        failed[decision.chosen] = "upstream_broken"
+        exc.headers.update(headers)
+        raise _Retryable(exc) from None
 
 
 async def _wait_for_slot(

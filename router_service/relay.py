@@ -27,7 +27,7 @@ from router_service.request_parsing import ParsedRequest
 from router_service.routing import Decision, Outcome
 from router_service.state import ServiceState
 
-__all__ = ["SKIP_REQUEST_HEADERS", "Flight", "relay"]
+__all__ = ["SKIP_REQUEST_HEADERS", "BrokeOff", "Flight", "relay"]
 
 log = logging.getLogger("kvroute.proxy")
 
@@ -292,10 +292,19 @@ def _one_sequence(body: dict[str, Any]) -> bool:
     return True
 
 
+class BrokeOff(ServiceError):
+    """The worker's answer broke off before any of it reached the client (a non-streamed
+    body is read whole first): another worker may answer it."""
+
+
 async def relay(
     flight: Flight, upstream: aiohttp.ClientResponse, headers: dict[str, str]
 ) -> Response:
-    """The client's response: the whole body, or a stream of the worker's chunks."""
+    """The client's response: the whole body, or a stream of the worker's chunks.
+
+    A non-streamed body that breaks off raises ``BrokeOff`` (the caller retries it); a stream
+    that breaks off after its first chunk ends with an SSE error event.
+    """
     out_headers = end_to_end(upstream.headers, _SKIP_RESPONSE)
     out_headers.update(headers)
     media_type = upstream.headers.get("content-type")
@@ -307,7 +316,7 @@ async def relay(
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             upstream.release()
             await flight.close(False, "upstream_broken", worker_fault=True)
-            raise ServiceError(
+            raise BrokeOff(
                 502,
                 f"worker {state_public(flight)} broke off: {type(exc).__name__}",
                 error_type="upstream_unavailable",

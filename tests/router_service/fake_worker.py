@@ -6,7 +6,8 @@ It speaks what the router forwards to: ``GET /health``, ``POST /generate`` (``te
 with ``data: [DONE]``, and ``GET /v1/models``. Knobs a test turns at run time: ``delay_s``
 (a slow worker), ``chunk_pause_s`` (a pause after the first streamed chunk),
 ``last_chunk_pause_s`` (a pause before the last one), ``health_status``,
-``fail_status`` (answer with an error) and ``stop()``. It records every request's raw body and
+``fail_status`` (answer with an error), ``break_body`` (hang up halfway through an answer)
+and ``stop()``. It records every request's raw body and
 every non-streamed response's bytes, so tests can check the router passes both unchanged.
 
 In process it runs on a thread with its own event loop (``FakeWorker().start()``); as a
@@ -65,6 +66,7 @@ class FakeWorker:
         self.reply_headers: dict[str, str] = {}  # more headers on every non-streamed answer
         self.gzip = False  # compress non-streamed answers when the request accepts gzip
         self.cached_tokens: int | None = None  # reported as found cached (None: not reported)
+        self.break_body = False  # send half of each non-streamed /generate answer, then hang up
         self.host = host
         self.port = 0
         self.received: list[Received] = []
@@ -204,7 +206,20 @@ class FakeWorker:
                 events.append({"text": text, "meta_info": {**meta, "completion_tokens": i + 1}})
             return await self._sse(request, events)
         text = "".join(self._text(i) for i in range(self.chunks))
-        return self._reply({"text": text, "meta_info": {**meta, "completion_tokens": self.chunks}})
+        payload = {"text": text, "meta_info": {**meta, "completion_tokens": self.chunks}}
+        if self.break_body:
+            return await self._broken(request, json.dumps(payload).encode())
+        return self._reply(payload)
+
+    async def _broken(self, request: web.Request, raw: bytes) -> web.StreamResponse:
+        """Headers and half the body, then the connection drops: a worker dying mid-answer."""
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.content_length = len(raw)
+        await resp.prepare(request)
+        await resp.write(raw[: len(raw) // 2])
+        assert request.transport is not None
+        request.transport.close()
+        return resp
 
     def _usage(self) -> dict[str, Any]:
         usage: dict[str, Any] = {

@@ -173,6 +173,28 @@ def _wait_health(router: RouterServer, url: str, *, healthy: bool) -> bool:
     return False
 
 
+def test_an_answer_cut_short_before_the_client_saw_it_is_retried_elsewhere(
+    routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
+) -> None:
+    broken, good = workers("broken"), workers("good")
+    broken.break_body = True
+    router = routers(worker_urls=[broken.url, good.url], policy="round_robin")
+    answers = [router.client.post("/generate", json={"text": f"p{i}"}) for i in range(4)]
+    assert [a.status_code for a in answers] == [200] * 4
+    assert {a.headers["X-KVRoute-Worker"] for a in answers} == {good.url}
+    assert all(a.json()["meta_info"]["worker"] == "good" for a in answers)
+    assert broken.served("/generate") >= 2  # round_robin sent it its share first
+    retried = [a for a in answers if a.headers["X-KVRoute-Decision-Id"].endswith("-2")]
+    assert retried
+    for answer in retried:
+        first_id = answer.headers["X-KVRoute-Decision-Id"].rsplit("-", 1)[0]
+        first = router.admin.get(f"/explain/{first_id}").json()
+        assert first["chosen"] == broken.url
+        assert first["outcome"]["status"] == "upstream_broken"
+    # Nothing stays counted in flight on either worker.
+    assert all(w["in_flight"] == 0 for w in router.control.get("/workers").json()["workers"])
+
+
 def test_worker_breaking_off_mid_stream_ends_with_an_sse_error(
     routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker]
 ) -> None:
