@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.local_cluster import LocalCluster, free_port, wait_healthy
+from sim.local_cluster import LocalCluster, free_ports, wait_healthy
 
 __all__ = [
     "DEFAULT_MAX_TOTAL_TOKENS",
@@ -40,6 +40,7 @@ __all__ = [
     "engine_env",
     "engine_python",
     "fit_to_vocab",
+    "free_ports",
     "model_dir",
     "vocab_size",
 ]
@@ -51,6 +52,10 @@ DEFAULT_MAX_TOTAL_TOKENS = 20000  # SGLang's KV pool on a CPU (~20 MB for the ti
 _CACHE = Path("~/.cache/kvroute")
 
 
+class _PortClash(RuntimeError):
+    """A worker died before it was healthy because a port it was given was taken."""
+
+
 class EngineEnvMissing(RuntimeError):
     """The real-engine environment (virtualenv or tiny model) is not installed."""
 
@@ -60,13 +65,16 @@ class EngineSpec:
     """One worker: which engine, and for SGLang which radix cache and how large a KV pool.
 
     ``radix_cache_backend`` None is SGLang's default (its LRU radix cache); ``"rlt"`` is
-    kvroute's plugin. ``max_total_tokens`` is SGLang's KV pool in tokens.
+    kvroute's plugin. ``max_total_tokens`` is SGLang's KV pool in tokens. ``kv_events`` makes
+    an SGLang worker publish its KV cache events (a ZMQ publisher and a replay endpoint on
+    ports the launcher picks; ``EngineCluster.kv_events`` names them).
     """
 
     engine: str = "sglang"
     radix_cache_backend: str | None = "rlt"
     max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS
     extra_args: tuple[str, ...] = ()
+    kv_events: bool = False
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -78,6 +86,11 @@ class EngineSpec:
             )
         if self.max_total_tokens < 1:
             raise ValueError("max_total_tokens must be positive")
+        if self.kv_events and self.engine != "sglang":
+            raise ValueError(
+                "kv_events configures SGLang's publisher; give a vLLM worker its own "
+                "--kv-events-config in extra_args"
+            )
 
     @property
     def label(self) -> str:
@@ -143,8 +156,26 @@ def fit_to_vocab(ids: Sequence[int], size: int, reserved: int = 4) -> list[int]:
     return [reserved + i % span for i in ids]
 
 
-def engine_argv(spec: EngineSpec, python: Path, model: Path, host: str, port: int) -> list[str]:
-    """The server's command line (flags tested on a CPU; see docs/sglang_plugin.md)."""
+def _tcp(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def engine_argv(
+    spec: EngineSpec,
+    python: Path,
+    model: Path,
+    host: str,
+    port: int,
+    *,
+    nccl_port: int | None = None,
+    kv_event_ports: tuple[int, int] | None = None,
+) -> list[str]:
+    """The server's command line (flags tested on a CPU; see docs/sglang_plugin.md).
+
+    ``nccl_port`` pins SGLang's one TCP port of its own (else it draws one near ``port``,
+    which can be a port another worker is about to bind); ``kv_event_ports`` (publisher,
+    replay) is required when ``spec.kv_events``.
+    """
     common = ["--host", host, "--port", str(port), "--served-model-name", SERVED_MODEL_NAME]
     if spec.engine == "vllm":
         return [
@@ -155,6 +186,19 @@ def engine_argv(spec: EngineSpec, python: Path, model: Path, host: str, port: in
             *spec.extra_args,
         ]  # fmt: skip
     backend = spec.radix_cache_backend
+    events: list[str] = []
+    if spec.kv_events:
+        if kv_event_ports is None:
+            raise ValueError("a worker with kv_events needs kv_event_ports (publisher, replay)")
+        live, replay = kv_event_ports
+        # ``bind``: SGLang connects to an address without a wildcard unless told to bind it.
+        config = {
+            "publisher": "zmq",
+            "endpoint": _tcp(host, live),
+            "bind": True,
+            "replay_endpoint": _tcp(host, replay),
+        }
+        events = ["--kv-events-config", json.dumps(config)]
     return [
         str(python), "-m", "sglang.launch_server",
         "--model-path", str(model), *common,
@@ -164,6 +208,8 @@ def engine_argv(spec: EngineSpec, python: Path, model: Path, host: str, port: in
         "--max-total-tokens", str(spec.max_total_tokens), "--mem-fraction-static", "0.05",
         "--enable-metrics", "--enable-cache-report",
         *(["--radix-cache-backend", backend] if backend else []),
+        *(["--nccl-port", str(nccl_port)] if nccl_port is not None else []),
+        *events,
         *spec.extra_args,
     ]  # fmt: skip
 
@@ -191,12 +237,17 @@ class EngineCluster(LocalCluster):
 
     ``start_workers`` starts every worker at once and waits for each ``/health`` (SGLang on a
     CPU: ~25 s; vLLM: ~60 s). Logs go to ``log_dir`` (a temporary directory if not given);
-    a worker that dies before it is healthy raises with the end of its log.
+    a worker that dies before it is healthy raises with the end of its log, unless it died
+    of a port clash: then every worker starts again on fresh ports.
     """
 
     specs: Sequence[EngineSpec] = (EngineSpec(),)
     start_timeout_s: float = 300.0
+    start_attempts: int = 3
     startup_s: list[float] = field(default_factory=list)
+    # Each worker's KV-event endpoints as ``--worker-kv-events`` takes them
+    # (``tcp://host:port,tcp://host:replay_port``); "" for a worker without ``kv_events``.
+    kv_events: list[str] = field(default_factory=list)
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
     def __post_init__(self) -> None:
@@ -211,21 +262,56 @@ class EngineCluster(LocalCluster):
         return Path(self.log_dir or ".") / f"worker-{index}.log"
 
     def start_workers(self, seed: int = 0) -> list[str]:
+        """Start every worker and wait for each; a start lost to a port clash is retried.
+
+        The launcher picks each worker's ports (HTTP, SGLang's NCCL port, the KV-event
+        endpoints) below the kernel's ephemeral range, where no outgoing connection takes
+        them while the worker starts, but a port is free only until someone binds it:
+        another process can take one first. A worker that died of ``Address already in use``
+        is started again, with every worker, on fresh ports (up to ``start_attempts`` times).
+        """
         del seed  # greedy decoding on seeded weights: nothing random to seed
         model = model_dir(self.env)
+        for attempt in range(1, self.start_attempts + 1):
+            try:
+                return self._start_once(model)
+            except _PortClash as exc:
+                self.stop()
+                self.startup_s.clear()
+                self.kv_events.clear()
+                if attempt == self.start_attempts:
+                    raise RuntimeError(
+                        f"{exc} ({attempt} starts, each on fresh ports, lost to a port clash)"
+                    ) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start_once(self, model: Path) -> list[str]:
         started = time.monotonic()
         for i, spec in enumerate(self.specs):
             python = engine_python(spec.engine, self.env)
-            port = free_port(self.host)
-            argv = engine_argv(spec, python, model, self.host, port)
+            port, nccl, live, replay = free_ports(4, self.host)
+            argv = engine_argv(
+                spec,
+                python,
+                model,
+                self.host,
+                port,
+                nccl_port=nccl if spec.engine == "sglang" else None,
+                kv_event_ports=(live, replay) if spec.kv_events else None,
+            )
             self._workers.append(self._spawn_env(argv, f"worker-{i}", engine_env(spec.engine)))
             self.worker_urls.append(f"http://{self.host}:{port}")
+            self.kv_events.append(
+                f"{_tcp(self.host, live)},{_tcp(self.host, replay)}" if spec.kv_events else ""
+            )
         for i, (url, proc) in enumerate(zip(self.worker_urls, self._workers, strict=True)):
             remaining = max(1.0, self.start_timeout_s - (time.monotonic() - started))
             try:
                 wait_healthy(url, remaining, proc)
             except (RuntimeError, TimeoutError) as exc:
-                raise RuntimeError(f"{exc}; the end of its log:\n{self.log_tail(i)}") from exc
+                tail = self.log_tail(i)
+                kind = _PortClash if "address already in use" in tail.lower() else RuntimeError
+                raise kind(f"{exc}; the end of its log:\n{tail}") from exc
             self.startup_s.append(time.monotonic() - started)
         return self.worker_urls
 

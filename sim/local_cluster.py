@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -22,13 +23,56 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
-__all__ = ["LocalCluster", "free_port", "wait_healthy", "wait_registered"]
+__all__ = ["LocalCluster", "free_port", "free_ports", "wait_healthy", "wait_registered"]
+
+_LOWEST_PORT = 20000
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports free now, below the kernel's ephemeral range where it has room.
+
+    A port handed to a process that binds it later (a server still starting) must not be one
+    the kernel can give meanwhile to an outgoing connection as its local port (every health
+    poll makes one): that happens only in the ephemeral range. Where the range leaves too
+    little below it, the kernel picks (each socket held until all are found, so none repeats).
+    """
+    low, high = _LOWEST_PORT, _ephemeral_low() - 1
+    if high - low + 1 >= 1000:
+        ports: list[int] = []
+        for port in random.sample(range(low, high + 1), min(high - low + 1, 64 * count)):
+            if _bindable(host, port):
+                ports.append(port)
+                if len(ports) == count:
+                    return ports
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            sock = held.enter_context(socket.socket())
+            sock.bind((host, 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port free now (below the ephemeral range where it can be: see ``free_ports``)."""
+    return free_ports(1, host)[0]
 
 
 def free_port_pair(host: str = "127.0.0.1") -> int:

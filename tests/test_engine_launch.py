@@ -7,18 +7,22 @@ refused, and the error a user without the engines' set-up sees.
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from kvroute.cli import main
 from kvroute.engine_launch import (
+    EngineCluster,
     EngineEnvMissing,
     EngineSpec,
     engine_argv,
     engine_env,
     engine_python,
     fit_to_vocab,
+    free_ports,
     model_dir,
 )
 
@@ -47,6 +51,101 @@ def test_sglang_argv_has_the_cpu_flags_and_the_backend() -> None:
         assert flag in joined
     lru = engine_argv(EngineSpec(radix_cache_backend=None), Path("p"), Path("m"), "h", 1)
     assert "--radix-cache-backend" not in lru
+
+
+def test_sglang_argv_pins_its_ports_and_publishes_kv_events() -> None:
+    spec = EngineSpec(kv_events=True)
+    argv = engine_argv(
+        spec, Path("p"), Path("m"), "127.0.0.1", 1, nccl_port=7, kv_event_ports=(8, 9)
+    )
+    assert argv[argv.index("--nccl-port") + 1] == "7"
+    config = json.loads(argv[argv.index("--kv-events-config") + 1])
+    assert config == {
+        "publisher": "zmq",
+        "endpoint": "tcp://127.0.0.1:8",
+        "bind": True,
+        "replay_endpoint": "tcp://127.0.0.1:9",
+    }
+    ipv6 = engine_argv(spec, Path("p"), Path("m"), "::1", 1, kv_event_ports=(8, 9))
+    assert json.loads(ipv6[ipv6.index("--kv-events-config") + 1])["endpoint"] == "tcp://[::1]:8"
+    assert "--nccl-port" not in ipv6
+    with pytest.raises(ValueError, match="kv_event_ports"):
+        engine_argv(spec, Path("p"), Path("m"), "h", 1)
+    with pytest.raises(ValueError, match="SGLang's publisher"):
+        EngineSpec("vllm", None, kv_events=True)
+
+
+def test_free_ports_are_distinct_and_out_of_the_kernels_way() -> None:
+    ports = free_ports(16)
+    assert len(set(ports)) == 16
+    # Below the ephemeral range, where no outgoing connection takes one as its local port
+    # before the worker given it binds it (how an SGLang worker once lost its KV-event port).
+    # Where the range leaves no room below it (under 1,000 ports), the kernel picks.
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low - 20000 >= 1000:
+        assert all(20000 <= port < low for port in ports)
+
+
+# Stands in for an engine's interpreter: the first start dies as SGLang does when a port it
+# was given is taken; later starts serve /health on the given port.
+_FLAKY_ENGINE = """import http.server, pathlib, sys
+argv = sys.argv
+starts = pathlib.Path(argv[0]).with_name("starts")
+count = int(starts.read_text()) if starts.exists() else 0
+starts.write_text(str(count + 1))
+pathlib.Path(argv[0]).with_name(f"argv-{count}").write_text("\\n".join(argv))
+if count < {clashes}:
+    print("zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:1')", flush=True)
+    sys.exit(1)
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+http.server.HTTPServer(("127.0.0.1", int(argv[argv.index("--port") + 1])), Health).serve_forever()
+"""
+
+
+def _flaky_engine(root: Path, clashes: int) -> dict[str, str]:
+    venv = _venv(root / "venv", ".kvroute-real-engine")
+    python = venv / "bin/python"
+    python.write_text(f"#!{sys.executable}\n" + _FLAKY_ENGINE.replace("{clashes}", str(clashes)))
+    python.chmod(0o755)
+    (root / "model").mkdir()
+    (root / "model/config.json").write_text("{}")
+    return {"KVROUTE_ENGINE_VENV": str(venv), "KVROUTE_TINY_MODEL": str(root / "model")}
+
+
+def test_a_start_lost_to_a_port_clash_is_retried_on_fresh_ports(tmp_path: Path) -> None:
+    env = _flaky_engine(tmp_path, clashes=1)
+    spec = EngineSpec(kv_events=True)
+    with EngineCluster(specs=(spec,), env=env, log_dir=str(tmp_path / "logs")) as cluster:
+        (url,) = cluster.start_workers()
+        bin_dir = tmp_path / "venv/bin"
+        assert (bin_dir / "starts").read_text() == "2"
+        first, second = ((bin_dir / f"argv-{i}").read_text().split("\n") for i in range(2))
+        flags = ("--port", "--nccl-port", "--kv-events-config")
+        for flag in flags:
+            assert first[first.index(flag) + 1] != second[second.index(flag) + 1]
+        assert url.endswith(f":{second[second.index('--port') + 1]}")
+        config = json.loads(second[second.index("--kv-events-config") + 1])
+        assert cluster.kv_events == [f"{config['endpoint']},{config['replay_endpoint']}"]
+        assert len(cluster.startup_s) == 1
+
+
+def test_a_clash_on_every_start_is_an_error_that_says_so(tmp_path: Path) -> None:
+    env = _flaky_engine(tmp_path, clashes=5)
+    with (
+        EngineCluster(
+            specs=(EngineSpec(),), env=env, log_dir=str(tmp_path / "logs"), start_attempts=2
+        ) as cluster,
+        pytest.raises(RuntimeError, match=r"2 starts, each on fresh ports") as raised,
+    ):
+        cluster.start_workers()
+    assert "Address already in use" in str(raised.value)
+    assert (tmp_path / "venv/bin/starts").read_text() == "2"
+    assert cluster.worker_urls == []
 
 
 def test_vllm_argv_and_env() -> None:

@@ -40,7 +40,6 @@ from kvroute.engine_launch import (
     model_dir,
     vocab_size,
 )
-from sim.local_cluster import free_port
 from sim.workloads.gsp import GSPConfig, GSPWorkload
 
 POOL_TOKENS = 2400
@@ -70,30 +69,16 @@ PROMPTS = (
 )
 
 
-# Each worker's KV-event endpoints (publisher, replay), as `--worker-kv-events` names them.
-KV_EVENTS: list[str] = []
-
-
-def _kv_events_args() -> tuple[str, ...]:
-    """SGLang's flag for a publisher and a replay endpoint on free loopback ports (``bind``:
-    SGLang connects to an address without a wildcard unless told to bind it)."""
-    live, replay = (f"tcp://127.0.0.1:{free_port('127.0.0.1')}" for _ in range(2))
-    KV_EVENTS.append(f"{live},{replay}")
-    config = {"publisher": "zmq", "endpoint": live, "bind": True, "replay_endpoint": replay}
-    return ("--kv-events-config", json.dumps(config))
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineCluster]:
     with pytest.MonkeyPatch.context() as mp:
         # The router's answers name workers by URL, so tests can compare with the fleet.
         mp.setenv("KVROUTE_EXPOSE_WORKER_URLS", "true")
-        KV_EVENTS.clear()
         specs = tuple(
             EngineSpec(
                 radix_cache_backend=backend,
                 max_total_tokens=POOL_TOKENS,
-                extra_args=_kv_events_args(),
+                kv_events=True,
             )
             for backend in ("rlt", None)
         )
@@ -380,7 +365,7 @@ def test_the_workers_kv_events_tell_the_router_what_they_cache(cluster: EngineCl
     vocab = vocab_size(model_dir())
     bodies = gsp_bodies(GSP, vocab)
     # The first worker's endpoints are given; the second's come from its own /server_info.
-    given = f"{cluster.worker_urls[0]}={KV_EVENTS[0]}"
+    given = f"{cluster.worker_urls[0]}={cluster.kv_events[0]}"
     args = ["--worker-kv-events", given, "--kv-events-discover", "--tokenizer", str(model_dir())]
     row = _run(cluster, "lbgr", bodies, explain=True, router_args=args)
     answers: list[Answer] = row["answers"]
@@ -413,7 +398,7 @@ def test_the_workers_kv_events_tell_the_router_what_they_cache(cluster: EngineCl
     discovered = status[cluster.worker_urls[1]]
     assert discovered["kv_events_discovery"] == "subscribed"
     found = discovered["kv_events"]
-    assert f"{found['endpoint']},{found['replay']}" == KV_EVENTS[1]
+    assert f"{found['endpoint']},{found['replay']}" == cluster.kv_events[1]
     for url, stream in streams.items():
         assert stream["status"] == "live"
         assert stream["page_size"] == 1  # SGLang's default page on a CPU
