@@ -277,19 +277,23 @@ class EngineCluster(LocalCluster):
                 return self._start_once(model)
             except _PortClash as exc:
                 self.stop()
-                self.startup_s.clear()
-                self.kv_events.clear()
                 if attempt == self.start_attempts:
                     raise RuntimeError(
                         f"{exc} ({attempt} starts, each on fresh ports, lost to a port clash)"
                     ) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def stop(self) -> None:
+        super().stop()
+        self.startup_s.clear()
+        self.kv_events.clear()
+
     def _start_once(self, model: Path) -> list[str]:
         started = time.monotonic()
+        ports = free_ports(4 * len(self.specs), self.host)  # all distinct
         for i, spec in enumerate(self.specs):
             python = engine_python(spec.engine, self.env)
-            port, nccl, live, replay = free_ports(4, self.host)
+            port, nccl, live, replay = ports[4 * i : 4 * i + 4]
             argv = engine_argv(
                 spec,
                 python,

@@ -288,7 +288,8 @@ class WorkerAnswer(BaseModel):
     kv_events_discovery: str | None = Field(
         None,
         description="with --kv-events-discover: 'subscribed', or why the worker's /server_info "
-        "named no publisher the router could use; null when off or not asked yet",
+        "named no publisher the router could use; null when off, not asked yet, or not asked "
+        "at all (the worker's endpoints are configured)",
     )
 
 

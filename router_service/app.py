@@ -121,7 +121,10 @@ def _build_state(settings: Settings) -> ServiceState:
     state.metrics.registry.register(state.kv_feed.collector())
     if settings.kv_events_discover:
         state.kv_discovery = EventDiscovery(
-            state.kv_feed, lambda: state.http(), lambda source: disallowed_host(settings, source)
+            state.kv_feed,
+            lambda: state.http(),
+            lambda source: disallowed_host(settings, source),
+            registered=lambda url: url in state.pool.workers,
         )
     state.tokenizer = load_tokenizer(settings.tokenizer)
     if settings.worker_dns is not None:

@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from router_service.kv_events import EventSource, parse_source
+from router_service.kv_events import EventSource, parse_source, url_host
 
 __all__ = [
     "Changes",
@@ -89,8 +89,7 @@ def event_source_for(template: str, url: str) -> EventSource:
     >>> event_source_for("tcp://*:5557,tcp://*:5558", "http://10.1.2.3:30000")
     EventSource(endpoint='tcp://10.1.2.3:5557', replay='tcp://10.1.2.3:5558')
     """
-    host = urlsplit(url).netloc.rpartition(":")[0]  # an IPv6 address keeps its brackets
-    return parse_source(template.replace("*", host))
+    return parse_source(template.replace("*", url_host(url)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -70,6 +71,19 @@ class EventSource:
     replay: str | None = None
 
 
+_WILDCARDS = ("", "*", "0.0.0.0", "::")  # bind addresses: no host to connect to
+
+
+def url_host(url: str) -> str:
+    """The host of ``url`` as it goes into ``tcp://HOST:port`` (an IPv6 address bracketed).
+
+    >>> url_host("http://10.1.2.3:30000"), url_host("http://worker"), url_host("http://[fd00::1]")
+    ('10.1.2.3', 'worker', '[fd00::1]')
+    """
+    host = urlsplit(url).hostname or ""
+    return f"[{host}]" if ":" in host else host
+
+
 def _endpoint(text: str) -> str:
     text = text.strip()
     parts = urlsplit(text)
@@ -79,7 +93,7 @@ def _endpoint(text: str) -> str:
         port = None
     if parts.scheme != "tcp" or not parts.hostname or not port or parts.path or parts.query:
         raise ValueError(f"a KV-event endpoint looks like tcp://host:port, got {text!r}")
-    if parts.hostname in ("*", "0.0.0.0", "::"):
+    if parts.hostname in _WILDCARDS:
         raise ValueError(f"{text!r} is a bind address; give the worker's host to connect to")
     return text
 
@@ -132,11 +146,13 @@ def feed_from_settings(
 
 
 def disallowed_host(settings: Settings, source: EventSource) -> str | None:
-    """The first of ``source``'s hosts that is not on the worker allow-list, if any."""
-    for host in event_host(source):
-        shown = f"[{host}]" if ":" in host else host
-        if not settings.worker_allowed(f"http://{shown}:1"):
-            return host
+    """The first of ``source``'s endpoints (``host:port``) that the worker allow-list refuses,
+    if any: a host not on it, or a port it refuses a worker (Redis's, the router's own, a
+    well-known non-HTTP service's)."""
+    for endpoint in filter(None, (source.endpoint, source.replay)):
+        shown = urlsplit(endpoint).netloc
+        if not settings.worker_allowed(f"http://{shown}"):
+            return shown
     return None
 
 
@@ -151,15 +167,13 @@ def allowed_source(settings: Settings, text: str) -> EventSource:
     if host is not None:
         raise ServiceError(
             403,
-            f"kv_events: {host} is not on the worker allow-list (--allowed-worker-networks, "
-            "--allowed-worker-hosts)",
+            f"kv_events: {host} is not allowed: its host must be on the worker allow-list "
+            "(--allowed-worker-networks, --allowed-worker-hosts) and its port not one the "
+            "router refuses (Redis's, its own, well-known non-HTTP services')",
             field="kv_events",
             error_type="forbidden",
         )
     return source
-
-
-_WILDCARDS = ("", "*", "0.0.0.0", "::")
 
 
 def source_from_server_info(worker_url: str, info: Any) -> EventSource:
@@ -185,7 +199,7 @@ def source_from_server_info(worker_url: str, info: Any) -> EventSource:
         )
     host = found.get("endpoint_host")
     if not isinstance(host, str) or host.strip("[]") in _WILDCARDS:
-        host = urlsplit(worker_url).netloc.rpartition(":")[0]  # IPv6 keeps its brackets
+        host = url_host(worker_url)
     elif ":" in host and not host.startswith("["):
         host = f"[{host}]"
 
@@ -218,24 +232,33 @@ class EventDiscovery:
         session: Callable[[], aiohttp.ClientSession],
         disallowed: Callable[[EventSource], str | None],
         *,
+        registered: Callable[[str], bool] = lambda url: True,
         timeout_s: float = 2.0,
+        max_info_bytes: int = 1 << 20,
     ) -> None:
         self.feed = feed
         self._session = session
-        self._disallowed = disallowed  # the first of a source's hosts not allowed, or None
+        self._disallowed = disallowed  # the first of a source's endpoints not allowed, or None
+        self._registered = registered  # whether the worker is still in the pool
         self.timeout_s = timeout_s
+        self.max_info_bytes = max_info_bytes
         self.outcomes: dict[str, str] = {}  # url -> "subscribed" or why not
 
     async def _server_info(self, url: str) -> Any:
-        """SGLang's ``/server_info`` (``/get_server_info`` on versions before the rename)."""
+        """SGLang's ``/server_info`` (``/get_server_info`` on versions before the rename);
+        redirects are not followed and the body is read up to ``max_info_bytes``."""
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         for path in ("/server_info", "/get_server_info"):
-            async with self._session().get(url + path, timeout=timeout) as resp:
+            get = self._session().get(url + path, timeout=timeout, allow_redirects=False)
+            async with get as resp:
                 if resp.status == 404:
                     continue
                 if resp.status != 200:
                     raise ValueError(f"GET {path} answered {resp.status}")
-                return await resp.json(content_type=None)
+                raw = await resp.content.read(self.max_info_bytes + 1)
+                if len(raw) > self.max_info_bytes:
+                    raise ValueError(f"GET {path} is larger than {self.max_info_bytes} bytes")
+                return json.loads(raw)
         raise ValueError("it serves neither /server_info nor /get_server_info")
 
     async def check(self, url: str) -> None:
@@ -244,17 +267,22 @@ class EventDiscovery:
             return
         try:
             source = source_from_server_info(url, await self._server_info(url))
-            host = self._disallowed(source)
-            if host is not None:
-                raise ValueError(f"its publisher's host {host} is not on the worker allow-list")
+            refused = self._disallowed(source)
+            if refused is not None:
+                raise ValueError(
+                    f"its publisher at {refused} is not allowed (a host not on the worker "
+                    "allow-list, or a port the router refuses)"
+                )
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             reason = str(exc) or type(exc).__name__
+            if not self._registered(url):  # removed while this one asked
+                return
             if self.outcomes.get(url) != reason:
                 log.info("no KV events discovered for %s: %s", url, reason)
             self.outcomes[url] = reason
             return
-        if url in self.feed.sources:  # configured while this one asked
-            return
+        if url in self.feed.sources or not self._registered(url):
+            return  # configured, or removed, while this one asked
         self.feed.add(url, source)
         self.outcomes[url] = "subscribed"
         log.info("KV events of %s discovered at %s", url, source.endpoint)
@@ -270,7 +298,10 @@ class EventDiscovery:
         before serving); cancelled on shutdown."""
         while True:
             await asyncio.sleep(interval_s)
-            await self.check_all(urls())
+            try:
+                await self.check_all(urls())
+            except Exception:  # a bug must not end discovery for the router's lifetime
+                log.exception("KV-event discovery failed this round; it runs again")
 
 
 class KVEventFeed:

@@ -316,7 +316,10 @@ async def relay(
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             upstream.release()
             await flight.close(False, "upstream_broken", worker_fault=True)
-            raise BrokeOff(
+            # An answer cut short is retried elsewhere; an error answer, or one cut by the
+            # request's own timeout (the worker may still be generating it), is not.
+            retry = ok and not isinstance(exc, TimeoutError)
+            raise (BrokeOff if retry else ServiceError)(
                 502,
                 f"worker {state_public(flight)} broke off: {type(exc).__name__}",
                 error_type="upstream_unavailable",

@@ -61,10 +61,11 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
                 ports.append(port)
                 if len(ports) == count:
                     return ports
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with contextlib.ExitStack() as held:
         ports = []
         for _ in range(count):
-            sock = held.enter_context(socket.socket())
+            sock = held.enter_context(socket.socket(family))
             sock.bind((host, 0))
             ports.append(int(sock.getsockname()[1]))
         return ports

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import shutil
 import signal
 import socket
@@ -32,6 +31,7 @@ from router_service.http_protocol import guarded_protocol
 from router_service.listeners import bind_listeners
 from router_service.routing.load import DECAY_TICK_MS
 from router_service.settings import Settings
+from sim.local_cluster import free_port as below_ephemeral_port
 from sim.local_redis import RedisServer  # shared with the benchmarks; the tests import it here
 
 T = TypeVar("T")
@@ -88,24 +88,13 @@ def free_port() -> int:
 def port_outside_ephemeral_range() -> int:
     """A free port below the kernel's ephemeral range, for a server that is stopped and
     started again on the same port (Redis): no socket bound to port 0, and no outgoing
-    connection, is ever given such a port, so none can take it while the server is down."""
-    low = 32768  # Linux's default ip_local_port_range starts here
-    with (
-        contextlib.suppress(OSError, ValueError, IndexError),
-        open("/proc/sys/net/ipv4/ip_local_port_range") as ports,
-    ):
-        low = int(ports.read().split()[0])
-    candidates = [p for p in range(max(1024, low - 16384), low) if p not in _HANDED_OUT]
-    random.shuffle(candidates)
-    for port in candidates[:256]:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)  # never twice: its server may not have bound it yet
-        return port
-    return free_port()
+    connection, is ever given such a port, so none can take it while the server is down.
+    Never the same one twice (its server may not have bound it yet)."""
+    while True:
+        port = below_ephemeral_port()
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 _HANDED_OUT: set[int] = set()

@@ -1,12 +1,26 @@
-"""What a worker's ``/server_info`` ``kv_events`` descriptor names (SGLang's shape)."""
+"""What a worker's ``/server_info`` ``kv_events`` descriptor names (SGLang's shape), and what
+the router's discovery does with it."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
+from router_harness import service_settings
 
-from router_service.kv_events import EventSource, source_from_server_info
+from router_service.kv_events import (
+    EventDiscovery,
+    EventSource,
+    KVEventFeed,
+    disallowed_host,
+    source_from_server_info,
+)
+from router_service.routing.block_sets import BlockSets
 
 
 def described(**fields: Any) -> dict[str, Any]:
@@ -32,6 +46,14 @@ def test_a_wildcard_means_the_workers_own_host(wildcard: str) -> None:
 def test_an_ipv6_worker_keeps_its_brackets() -> None:
     source = source_from_server_info("http://[fd00::7]:30000", described())
     assert source == EventSource("tcp://[fd00::7]:5557", None)
+    source = source_from_server_info("http://[fd00::7]", described())
+    assert source == EventSource("tcp://[fd00::7]:5557", None)
+
+
+def test_a_worker_url_without_a_port_gives_its_host() -> None:
+    assert source_from_server_info("http://worker-0", described()) == EventSource(
+        "tcp://worker-0:5557", None
+    )
 
 
 def test_a_named_host_is_used_as_given() -> None:
@@ -61,3 +83,150 @@ def test_a_named_host_is_used_as_given() -> None:
 def test_what_names_no_publisher_says_why(info: Any, says: str) -> None:
     with pytest.raises(ValueError, match=says):
         source_from_server_info("http://10.1.2.3:30000", info)
+
+
+# -- EventDiscovery against a real HTTP server on loopback ------------------------------------
+class InfoServer:
+    """Serves ``/server_info`` as a test sets it: a JSON body, a status, a redirect, or an
+    answer held until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.body: Any = described(endpoint_host="127.0.0.1", replay_endpoint_port_base=5558)
+        self.raw: bytes | None = None
+        self.status = 200
+        self.redirect: str | None = None
+        self.hold: asyncio.Event | None = None
+        self.asked = asyncio.Event()
+        self.url = ""
+
+    async def _info(self, request: web.Request) -> web.Response:
+        self.asked.set()
+        if self.hold is not None:
+            await self.hold.wait()
+        if self.redirect is not None:
+            raise web.HTTPFound(self.redirect)
+        if self.raw is not None:
+            return web.Response(body=self.raw, content_type="application/json")
+        return web.json_response(self.body, status=self.status)
+
+    async def __aenter__(self) -> InfoServer:
+        app = web.Application()
+        app.router.add_get("/server_info", self._info)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._runner.cleanup()
+
+
+def _discovery(
+    session: aiohttp.ClientSession, registered: Callable[[str], bool] = lambda url: True
+) -> EventDiscovery:
+    feed = KVEventFeed(BlockSets(), lambda: 0.0)
+    settings = service_settings()  # the default allow-list: loopback
+    return EventDiscovery(
+        feed,
+        lambda: session,
+        lambda source: disallowed_host(settings, source),
+        registered=registered,
+        max_info_bytes=4096,
+    )
+
+
+async def _check(server: InfoServer, **kwargs: Any) -> EventDiscovery:
+    async with aiohttp.ClientSession() as session:
+        discovery = _discovery(session, **kwargs)
+        await discovery.check(server.url)
+        return discovery
+
+
+def test_a_described_loopback_publisher_is_subscribed() -> None:
+    async def run() -> EventDiscovery:
+        async with InfoServer() as server:
+            return await _check(server)
+
+    discovery = asyncio.run(run())
+    (url,) = discovery.feed.sources
+    assert discovery.feed.sources[url] == EventSource(
+        "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558"
+    )
+    assert discovery.outcomes[url] == "subscribed"
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"body": described(endpoint_host="10.66.0.1")}, "10.66.0.1:5557 is not allowed"),
+        ({"body": described(endpoint_host="127.0.0.1", endpoint_port_base=6379)}, ":6379"),
+        ({"redirect": "http://10.66.0.1:80/server_info"}, "answered 302"),
+        ({"status": 500}, "answered 500"),
+        ({"raw": b'{"kv_events": "' + b"x" * 5000 + b'"}'}, "larger than 4096 bytes"),
+        ({"raw": b"not json"}, "Expecting value"),
+    ],
+)
+def test_what_the_router_must_not_follow_is_refused_and_said(
+    change: dict[str, Any], says: str
+) -> None:
+    """A publisher off the allow-list or on a port the router refuses a worker (Redis's), a
+    redirect (never followed), an error, a body past the cap, or no JSON: no subscription,
+    and the outcome says why."""
+
+    async def run() -> tuple[EventDiscovery, str]:
+        async with InfoServer() as server:
+            for key, value in change.items():
+                setattr(server, key, value)
+            return await _check(server), server.url
+
+    discovery, url = asyncio.run(run())
+    assert discovery.feed.sources == {}
+    assert says in discovery.outcomes[url]
+
+
+def test_a_worker_removed_while_it_was_asked_is_not_subscribed() -> None:
+    """The answer comes after the worker left the pool: nothing is subscribed (it would keep a
+    stream for a worker that is gone, and refuse the worker's next registration)."""
+    pool: set[str] = set()
+
+    async def run() -> EventDiscovery:
+        async with InfoServer() as server, aiohttp.ClientSession() as session:
+            pool.add(server.url)
+            server.hold = asyncio.Event()
+            discovery = _discovery(session, registered=lambda url: url in pool)
+            asking = asyncio.create_task(discovery.check(server.url))
+            await server.asked.wait()
+            pool.discard(server.url)  # DELETE /workers, while the answer is on its way
+            discovery.forget(server.url)
+            server.hold.set()
+            await asking
+            return discovery
+
+    discovery = asyncio.run(run())
+    assert discovery.feed.sources == {}
+    assert discovery.outcomes == {}
+
+
+def test_a_round_that_fails_does_not_end_discovery() -> None:
+    rounds: list[int] = []
+
+    def urls() -> list[str]:
+        rounds.append(len(rounds))
+        if len(rounds) == 1:
+            raise RuntimeError("a bug in the pool")
+        return []
+
+    async def run() -> None:
+        async with aiohttp.ClientSession() as session:
+            task = asyncio.create_task(_discovery(session).run(urls, 0.001))
+            while len(rounds) < 3:
+                await asyncio.sleep(0.001)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(run())
+    assert len(rounds) >= 3

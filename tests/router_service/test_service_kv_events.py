@@ -188,6 +188,9 @@ def test_workers_can_be_added_with_their_events(
     assert bad.json()["error"]["param"] == "kv_events"
     far = api.post("/workers", json={"url": third.url, "kv_events": "tcp://10.9.9.9:5557"})
     assert far.status_code == 403
+    redis = api.post("/workers", json={"url": third.url, "kv_events": "tcp://127.0.0.1:6379"})
+    assert redis.status_code == 403  # an allowed host, but a port the router refuses a worker
+    assert "127.0.0.1:6379 is not allowed" in redis.json()["error"]["message"]
     added = api.post("/workers", json={"url": third.url, "kv_events": third.source})
     assert added.status_code == 201, added.text
     assert wait_until(lambda: live(router, third.url), 10)
