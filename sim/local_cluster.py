@@ -45,29 +45,37 @@ def _bindable(host: str, port: int) -> bool:
     return True
 
 
+_HANDED_OUT: set[int] = set()  # never the same port twice in a process: it may be unbound yet
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct ports free now, below the kernel's ephemeral range where it has room.
 
     A port handed to a process that binds it later (a server still starting) must not be one
     the kernel can give meanwhile to an outgoing connection as its local port (every health
-    poll makes one): that happens only in the ephemeral range. Where the range leaves too
+    poll makes one): that happens only in the ephemeral range. None is handed out twice in a
+    process (an earlier one's server may not have bound it yet). Where the range leaves too
     little below it, the kernel picks (each socket held until all are found, so none repeats).
     """
     low, high = _LOWEST_PORT, _ephemeral_low() - 1
     if high - low + 1 >= 1000:
         ports: list[int] = []
         for port in random.sample(range(low, high + 1), min(high - low + 1, 64 * count)):
-            if _bindable(host, port):
+            if port not in _HANDED_OUT and _bindable(host, port):
                 ports.append(port)
                 if len(ports) == count:
+                    _HANDED_OUT.update(ports)
                     return ports
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with contextlib.ExitStack() as held:
         ports = []
-        for _ in range(count):
+        while len(ports) < count:
             sock = held.enter_context(socket.socket(family))
             sock.bind((host, 0))
-            ports.append(int(sock.getsockname()[1]))
+            port = int(sock.getsockname()[1])
+            if port not in _HANDED_OUT:
+                ports.append(port)
+        _HANDED_OUT.update(ports)
         return ports
 
 

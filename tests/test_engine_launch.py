@@ -86,6 +86,16 @@ def test_free_ports_are_distinct_and_out_of_the_kernels_way() -> None:
         assert all(20000 <= port < low for port in ports)
 
 
+def test_no_port_is_handed_out_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even when the draw would pick the same candidates again (a port handed out may not be
+    bound yet: it is still free)."""
+    import sim.local_cluster
+
+    monkeypatch.setattr(sim.local_cluster.random, "sample", lambda ports, k: list(ports)[:k])
+    first, second = free_ports(3), free_ports(3)
+    assert not set(first) & set(second)
+
+
 # Stands in for an engine's interpreter: the first start dies as SGLang does when a port it
 # was given is taken; later starts serve /health on the given port.
 _FLAKY_ENGINE = """import http.server, pathlib, sys

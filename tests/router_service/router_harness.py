@@ -89,15 +89,8 @@ def port_outside_ephemeral_range() -> int:
     """A free port below the kernel's ephemeral range, for a server that is stopped and
     started again on the same port (Redis): no socket bound to port 0, and no outgoing
     connection, is ever given such a port, so none can take it while the server is down.
-    Never the same one twice (its server may not have bound it yet)."""
-    while True:
-        port = below_ephemeral_port()
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
-
-
-_HANDED_OUT: set[int] = set()
+    Never the same one twice (``sim.local_cluster.free_ports``)."""
+    return below_ephemeral_port()
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float = 5.0, every_s: float = 0.02) -> bool:
