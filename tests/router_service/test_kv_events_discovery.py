@@ -98,6 +98,7 @@ class InfoServer:
         self.hold: asyncio.Event | None = None
         self.asked = asyncio.Event()
         self.url = ""
+        self.path = "/server_info"  # SGLang before the rename: /get_server_info
 
     async def _info(self, request: web.Request) -> web.Response:
         self.asked.set()
@@ -111,7 +112,7 @@ class InfoServer:
 
     async def __aenter__(self) -> InfoServer:
         app = web.Application()
-        app.router.add_get("/server_info", self._info)
+        app.router.add_get(self.path, self._info)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -156,6 +157,30 @@ def test_a_described_loopback_publisher_is_subscribed() -> None:
         "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558"
     )
     assert discovery.outcomes[url] == "subscribed"
+
+
+def test_an_older_sglang_is_asked_at_get_server_info() -> None:
+    async def older() -> tuple[EventDiscovery, str]:
+        server = InfoServer()
+        server.path = "/get_server_info"
+        async with server:
+            return await _check(server), server.url
+
+    discovery, url = asyncio.run(older())
+    assert discovery.outcomes[url] == "subscribed"
+    assert url in discovery.feed.sources
+
+
+def test_a_worker_that_serves_neither_says_so() -> None:
+    async def run() -> tuple[EventDiscovery, str]:
+        server = InfoServer()
+        server.path = "/health"
+        async with server:
+            return await _check(server), server.url
+
+    discovery, url = asyncio.run(run())
+    assert discovery.feed.sources == {}
+    assert "neither /server_info nor /get_server_info" in discovery.outcomes[url]
 
 
 @pytest.mark.parametrize(
