@@ -146,39 +146,35 @@ async def _check(server: InfoServer, **kwargs: Any) -> EventDiscovery:
         return discovery
 
 
-def test_a_described_loopback_publisher_is_subscribed() -> None:
-    async def run() -> EventDiscovery:
-        async with InfoServer() as server:
-            return await _check(server)
+def _ask(**serves: Any) -> tuple[EventDiscovery, str]:
+    """Discovery asks once a server set up as ``serves`` says (``InfoServer``'s fields)."""
 
-    discovery = asyncio.run(run())
-    (url,) = discovery.feed.sources
-    assert discovery.feed.sources[url] == EventSource(
-        "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558"
-    )
+    async def run() -> tuple[EventDiscovery, str]:
+        server = InfoServer()
+        for key, value in serves.items():
+            setattr(server, key, value)
+        async with server:
+            return await _check(server), server.url
+
+    return asyncio.run(run())
+
+
+def test_a_described_loopback_publisher_is_subscribed() -> None:
+    discovery, url = _ask()
+    assert discovery.feed.sources == {
+        url: EventSource("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558")
+    }
     assert discovery.outcomes[url] == "subscribed"
 
 
 def test_an_older_sglang_is_asked_at_get_server_info() -> None:
-    async def older() -> tuple[EventDiscovery, str]:
-        server = InfoServer()
-        server.path = "/get_server_info"
-        async with server:
-            return await _check(server), server.url
-
-    discovery, url = asyncio.run(older())
+    discovery, url = _ask(path="/get_server_info")
     assert discovery.outcomes[url] == "subscribed"
     assert url in discovery.feed.sources
 
 
 def test_a_worker_that_serves_neither_says_so() -> None:
-    async def run() -> tuple[EventDiscovery, str]:
-        server = InfoServer()
-        server.path = "/health"
-        async with server:
-            return await _check(server), server.url
-
-    discovery, url = asyncio.run(run())
+    discovery, url = _ask(path="/health")
     assert discovery.feed.sources == {}
     assert "neither /server_info nor /get_server_info" in discovery.outcomes[url]
 
@@ -200,14 +196,7 @@ def test_what_the_router_must_not_follow_is_refused_and_said(
     """A publisher off the allow-list or on a port the router refuses a worker (Redis's), a
     redirect (never followed), an error, a body past the cap, or no JSON: no subscription,
     and the outcome says why."""
-
-    async def run() -> tuple[EventDiscovery, str]:
-        async with InfoServer() as server:
-            for key, value in change.items():
-                setattr(server, key, value)
-            return await _check(server), server.url
-
-    discovery, url = asyncio.run(run())
+    discovery, url = _ask(**change)
     assert discovery.feed.sources == {}
     assert says in discovery.outcomes[url]
 
