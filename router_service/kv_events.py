@@ -53,11 +53,12 @@ __all__ = [
     "EventSource",
     "KVEventFeed",
     "allowed_source",
-    "event_host",
+    "disallowed_host",
     "feed_from_settings",
     "parse_source",
     "parse_worker_events",
     "source_from_server_info",
+    "url_host",
 ]
 
 log = logging.getLogger("kvroute.kv_events")
@@ -119,14 +120,6 @@ def parse_worker_events(items: Iterable[str]) -> dict[str, EventSource]:
             raise ValueError(f"{url.strip()} has two event endpoints")
         sources[url.strip()] = parse_source(source)
     return sources
-
-
-def event_host(source: EventSource) -> list[str]:
-    """The hosts the router connects to for ``source`` (allow-list checks)."""
-    hosts = [urlsplit(source.endpoint).hostname or ""]
-    if source.replay is not None:
-        hosts.append(urlsplit(source.replay).hostname or "")
-    return hosts
 
 
 def feed_from_settings(
@@ -255,9 +248,11 @@ class EventDiscovery:
                     continue
                 if resp.status != 200:
                     raise ValueError(f"GET {path} answered {resp.status}")
-                raw = await resp.content.read(self.max_info_bytes + 1)
-                if len(raw) > self.max_info_bytes:
-                    raise ValueError(f"GET {path} is larger than {self.max_info_bytes} bytes")
+                raw = bytearray()
+                async for chunk in resp.content.iter_chunked(1 << 16):
+                    raw += chunk
+                    if len(raw) > self.max_info_bytes:
+                        raise ValueError(f"GET {path} is larger than {self.max_info_bytes} bytes")
                 return json.loads(raw)
         raise ValueError("it serves neither /server_info nor /get_server_info")
 

@@ -126,7 +126,9 @@ class InfoServer:
 
 
 def _discovery(
-    session: aiohttp.ClientSession, registered: Callable[[str], bool] = lambda url: True
+    session: aiohttp.ClientSession,
+    registered: Callable[[str], bool] = lambda url: True,
+    max_info_bytes: int = 4096,
 ) -> EventDiscovery:
     feed = KVEventFeed(BlockSets(), lambda: 0.0)
     settings = service_settings()  # the default allow-list: loopback
@@ -135,7 +137,7 @@ def _discovery(
         lambda: session,
         lambda source: disallowed_host(settings, source),
         registered=registered,
-        max_info_bytes=4096,
+        max_info_bytes=max_info_bytes,
     )
 
 
@@ -164,6 +166,22 @@ def test_a_described_loopback_publisher_is_subscribed() -> None:
     assert discovery.feed.sources == {
         url: EventSource("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558")
     }
+    assert discovery.outcomes[url] == "subscribed"
+
+
+def test_a_long_answer_under_the_cap_is_read_whole() -> None:
+    """SGLang's server info lists every server argument: an answer of many reads is joined."""
+    body = {**described(endpoint_host="127.0.0.1"), "padding": "x" * 300_000}
+
+    async def run() -> tuple[EventDiscovery, str]:
+        server = InfoServer()
+        server.body = body
+        async with server, aiohttp.ClientSession() as session:
+            discovery = _discovery(session, max_info_bytes=1 << 20)
+            await discovery.check(server.url)
+            return discovery, server.url
+
+    discovery, url = asyncio.run(run())
     assert discovery.outcomes[url] == "subscribed"
 
 
