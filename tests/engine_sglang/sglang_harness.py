@@ -34,11 +34,10 @@ DEVICE = os.environ.get("KVROUTE_TEST_DEVICE", "cpu")
 class TrackingAllocator:
     """A KV pool of ``size`` token slots in pages; every free is checked and recorded."""
 
-    device = DEVICE
-
-    def __init__(self, size: int, page_size: int = 1) -> None:
+    def __init__(self, size: int, page_size: int = 1, device: str = DEVICE) -> None:
         if size % page_size:
             raise ValueError("size must be whole pages")
+        self.device = device
         self.size = size
         self.page_size = page_size
         self._free_pages = list(range(size // page_size))
@@ -97,9 +96,16 @@ def cache_params(allocator: Any, page_size: int = 1, **kwargs: Any) -> CacheInit
 
 
 def rlt_cache(
-    capacity: int, page_size: int = 1, seed: int = 0, marking: str = "path", **kwargs: Any
+    capacity: int,
+    page_size: int = 1,
+    seed: int = 0,
+    marking: str = "path",
+    device: str = DEVICE,
+    **kwargs: Any,
 ) -> tuple[RLTRadixCache, TrackingAllocator]:
-    allocator = TrackingAllocator(capacity, page_size)
+    """kvroute's cache over a tracking pool on ``device`` (the tier's, unless a test needs
+    one: a CPU arena's staging array exists only on a CPU)."""
+    allocator = TrackingAllocator(capacity, page_size, device)
     params = cache_params(allocator, page_size, **kwargs)
     return RLTRadixCache(params, seed=seed, marking=marking), allocator
 

@@ -314,7 +314,7 @@ def test_a_cpu_arena_stages_the_same_frees_that_torch_gathers(
     logs: list[list[list[int]]] = []
     for staged in (True, False):
         monkeypatch.setattr(sglang_rlt, "_NUMPY_GATHER", staged)
-        cache, allocator = rlt_cache(60, seed=3)
+        cache, allocator = rlt_cache(60, seed=3, device="cpu")  # on any machine
         calls: list[list[int]] = []
 
         def logged(
@@ -337,7 +337,7 @@ def test_a_cpu_arena_stages_the_same_frees_that_torch_gathers(
 
 
 def test_the_staging_array_grows_keeping_what_is_staged() -> None:
-    cache, allocator = rlt_cache(40)
+    cache, allocator = rlt_cache(40, device="cpu")  # the staging array is a CPU arena's
     insert(cache, allocator, list(range(10)))  # the CPU arena and its staging array
     staging = cache._staging
     assert staging is not None
