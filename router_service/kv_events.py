@@ -47,6 +47,7 @@ from router_service.errors import ServiceError
 from router_service.kv_wire import encode_seq
 from router_service.routing.block_sets import BlockSets
 from router_service.routing.event_stream import DEFAULT_MAX_MESSAGE_BYTES, EventStream
+from router_service.worker_metrics import read_at_most
 
 __all__ = [
     "EventDiscovery",
@@ -248,11 +249,9 @@ class EventDiscovery:
                     continue
                 if resp.status != 200:
                     raise ValueError(f"GET {path} answered {resp.status}")
-                raw = bytearray()
-                async for chunk in resp.content.iter_chunked(1 << 16):
-                    raw += chunk
-                    if len(raw) > self.max_info_bytes:
-                        raise ValueError(f"GET {path} is larger than {self.max_info_bytes} bytes")
+                raw = await read_at_most(resp, self.max_info_bytes)
+                if len(raw) > self.max_info_bytes:
+                    raise ValueError(f"GET {path} is larger than {self.max_info_bytes} bytes")
                 return json.loads(raw)
         raise ValueError("it serves neither /server_info nor /get_server_info")
 

@@ -29,13 +29,25 @@ from dataclasses import dataclass
 
 import aiohttp
 
-__all__ = ["MetricsPoller", "WorkerLoad", "parse_load"]
+__all__ = ["MetricsPoller", "WorkerLoad", "parse_load", "read_at_most"]
 
 log = logging.getLogger("kvroute.workers")
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 _MAX_METRICS_BYTES = 4 << 20
+
+
+async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body of ``resp``, read to its end or until past ``limit`` bytes (then at most a
+    chunk more: a caller tells a body over the limit by its length). One ``read(n)`` would
+    return only what has arrived, the first chunk of a longer body."""
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > limit:
+            break
+    return bytes(body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +159,7 @@ class MetricsPoller:
                     raise aiohttp.ClientResponseError(
                         resp.request_info, (), status=resp.status, message="not 200"
                     )
-                body = await resp.content.read(_MAX_METRICS_BYTES)
+                body = (await read_at_most(resp, _MAX_METRICS_BYTES))[:_MAX_METRICS_BYTES]
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             self.failures += 1
             log.debug("metrics of %s unavailable: %s", url, exc)

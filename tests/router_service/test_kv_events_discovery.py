@@ -148,7 +148,7 @@ async def _check(server: InfoServer, **kwargs: Any) -> EventDiscovery:
         return discovery
 
 
-def _ask(**serves: Any) -> tuple[EventDiscovery, str]:
+def _ask(max_info_bytes: int = 4096, **serves: Any) -> tuple[EventDiscovery, str]:
     """Discovery asks once a server set up as ``serves`` says (``InfoServer``'s fields)."""
 
     async def run() -> tuple[EventDiscovery, str]:
@@ -156,7 +156,7 @@ def _ask(**serves: Any) -> tuple[EventDiscovery, str]:
         for key, value in serves.items():
             setattr(server, key, value)
         async with server:
-            return await _check(server), server.url
+            return await _check(server, max_info_bytes=max_info_bytes), server.url
 
     return asyncio.run(run())
 
@@ -172,16 +172,7 @@ def test_a_described_loopback_publisher_is_subscribed() -> None:
 def test_a_long_answer_under_the_cap_is_read_whole() -> None:
     """SGLang's server info lists every server argument: an answer of many reads is joined."""
     body = {**described(endpoint_host="127.0.0.1"), "padding": "x" * 300_000}
-
-    async def run() -> tuple[EventDiscovery, str]:
-        server = InfoServer()
-        server.body = body
-        async with server, aiohttp.ClientSession() as session:
-            discovery = _discovery(session, max_info_bytes=1 << 20)
-            await discovery.check(server.url)
-            return discovery, server.url
-
-    discovery, url = asyncio.run(run())
+    discovery, url = _ask(max_info_bytes=1 << 20, body=body)
     assert discovery.outcomes[url] == "subscribed"
 
 

@@ -3,15 +3,18 @@ gauges SGLang exports), real HTTP, requests the router did not send."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
+from aiohttp import web
 from router_harness import EmulatedWorker, RouterServer, free_port, wait_until
 
-from router_service.worker_metrics import parse_load
+from router_service.worker_metrics import MetricsPoller, WorkerLoad, parse_load
 
 
 @pytest.fixture
@@ -88,3 +91,30 @@ def test_a_worker_without_load_metrics_counts_as_nothing_beyond_the_router(
     listed = router.control.get("/workers").json()["workers"][0]
     assert (listed["other_requests"], listed["other_kv_tokens"]) == (0.0, 0.0)
     assert router.client.get("/health").json()["status"] == "ok"
+
+
+def test_a_long_metrics_page_is_read_to_its_end() -> None:
+    """A real worker's /metrics runs to tens of kilobytes (histograms first): the gauges at
+    its end are read, not only the first chunk that arrived."""
+    page = "# a histogram's lines\n" * 20_000 + (
+        "sglang:num_running_reqs 3\nsglang:num_queue_reqs 2\nsglang:num_used_tokens 900\n"
+    )
+
+    async def serve(request: web.Request) -> web.Response:
+        return web.Response(text=page)
+
+    async def run() -> WorkerLoad | None:
+        app = web.Application()
+        app.router.add_get("/metrics", serve)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            async with aiohttp.ClientSession() as session:
+                return await MetricsPoller(lambda: session, lambda url: (0.0, 0.0)).read(url)
+        finally:
+            await runner.cleanup()
+
+    assert len(page) > 400_000
+    assert asyncio.run(run()) == WorkerLoad(5.0, 900.0)
