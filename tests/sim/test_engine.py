@@ -193,6 +193,33 @@ def test_a_request_that_does_not_fit_waits_at_the_head_of_the_queue() -> None:
     assert eng.cache.stats.evicted_tokens > 0  # mid's admission evicted big's finished KV
 
 
+@pytest.mark.parametrize("eviction", ["lru", "rlt"])
+def test_a_request_waiting_for_kv_room_evicts_nothing(eviction: str) -> None:
+    """SGLang admits a request only when free + evictable KV covers it, and evicts nothing for
+    one it cannot admit yet: the cached prefix of a third request survives the wait."""
+    eng = engine(40, eviction)
+    kept = EngineRequest("kept", tokens(range(10)), max_new_tokens=1)
+    eng.submit(kept, now_ms=0)
+    now, _ = drain(eng)
+    assert eng.cache.total_tokens == 10
+    running = EngineRequest("running", tokens(range(100, 120)), max_new_tokens=5)  # needs 25
+    waiting = EngineRequest("waiting", tokens(range(200, 215)), max_new_tokens=5)  # needs 20
+    eng.submit(running, now_ms=now)
+    eng.submit(waiting, now_ms=now)
+    while running.finished_ms is None:
+        step = eng.plan_step(now)
+        assert step is not None
+        # 40 - 10 cached - 25 held leaves 5 free + 10 evictable: waiting cannot fit yet.
+        assert waiting.admitted_ms is None
+        assert eng.cache.stats.evicted_tokens == 0
+        assert eng.cache.match_prefix(kept.prompt).length == 10
+        now += step.duration_ms
+        eng.finish_step(step, now)
+    drain(eng, now_ms=now)
+    assert waiting.finished_ms is not None
+    assert eng.cache.stats.evicted_tokens > 0  # admitted once running's KV could go
+
+
 @pytest.mark.parametrize(("eviction", "page_size"), [("lru", 1), ("rlt", 1), ("rlt", 4)])
 def test_kv_accounting_never_exceeds_capacity(eviction: str, page_size: int) -> None:
     capacity = 96
