@@ -217,7 +217,7 @@ async def emulated(eviction: str, quick: bool) -> dict[str, Any]:
                 source = (decision.cache_sources or {}).get(chosen)
                 (exact if source == "events" else fell_back).append((predicted, reported))
                 approx.append((min(guessed.get(chosen, 0), request.units), reported))
-                router.complete(decision, _ok())
+                router.complete(decision, _ok(), time.monotonic() * 1000.0)
 
             start = time.monotonic()
             tasks = []

@@ -106,7 +106,7 @@ class Flight:
         last decode step is running. A stream that sends several tokens per event, or none
         of ``max_new_tokens``, frees it later, at the end, never earlier. The router's
         ledger learns the prefill is done."""
-        self.state.router.first_token(self.decision.decision_id)
+        self.state.router.first_token(self.decision.decision_id, self.state.now_ms())
         queue = self.state.queue
         if not self.queue_slot or queue is None:
             return
@@ -159,6 +159,7 @@ class Flight:
                 cached_tokens=self.cache_report[0] if self.cache_report else None,
                 prompt_tokens=self.cache_report[1] if self.cache_report else None,
             ),
+            state.now_ms(),
         )
         record: dict[str, Any] = {
             "status": status,

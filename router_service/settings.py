@@ -172,7 +172,7 @@ class Settings(BaseSettings):
     # Workers' KV events (SGLang's ZMQ publisher, router_service.kv_events):
     # "URL=tcp://host:port" or "URL=tcp://host:port,tcp://host:replay_port", one per worker.
     worker_kv_events: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    kv_events_stale_s: float = Field(30.0, gt=0)  # a sent request's events this late: stale
+    kv_events_stale_s: float = Field(30.0, gt=0)  # events this late after an answer: stale
     kv_events_replay_timeout_s: float = Field(5.0, gt=0)
     kv_events_max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     # Subscribe to what each worker without configured endpoints names in its /server_info

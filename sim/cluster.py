@@ -216,6 +216,7 @@ def simulate(
                 cached_tokens=req.cached,
                 prompt_tokens=req.prompt_tokens,
             ),
+            env.now_ms,
         )
         if on_progress is not None:
             on_progress(1)
@@ -224,7 +225,7 @@ def simulate(
     def first_token(req: EngineRequest) -> None:
         job = in_flight[req.rid]
         job.record.first_token_ms = env.now_ms
-        router.first_token(job.decision.decision_id)
+        router.first_token(job.decision.decision_id, env.now_ms)
         if job.holds_slot and config.hold.free_at_first_token:
             free_slot(job)
 

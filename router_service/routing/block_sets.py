@@ -22,8 +22,10 @@ there carries it.
 
 Whether a worker's events can be trusted now is its ``status``: ``connecting`` (no event
 yet since its stream (re)started), ``live``, ``disconnected`` (the feed says so), or
-``stale``: the router sent the worker a request that had to store at least a page and no
-event came for ``stale_s`` (its publisher stopped while its HTTP side still serves).
+``stale``: the worker answered a request that had to store at least a page (its first token,
+or its answer), no event came since that request was sent, and none for ``stale_s`` after the
+answer (its publisher stopped while its HTTP side still serves). The clock starts at the
+answer: a request may wait in the worker's queue for minutes with nothing stored meanwhile.
 ``refresh`` applies that timer with the caller's clock. A worker whose events are not
 ``live`` is matched on the approximate index instead (``Router``), and says why.
 
@@ -225,14 +227,24 @@ class BlockSets:
         if status != "live":
             worker.expect_since_ms = None
 
-    def expect(self, url: str, uncached_tokens: int, now_ms: float) -> None:
-        """The router sent ``url`` a request with ``uncached_tokens`` to prefill: if that is
-        a page or more, the worker must store blocks, so an event must follow."""
+    def expect(
+        self, url: str, uncached_tokens: int, now_ms: float, sent_ms: float | None = None
+    ) -> None:
+        """``url`` has prefilled a request with ``uncached_tokens`` to store (its first token
+        came back, or its whole answer): if that is a page or more, the worker stored
+        blocks, so an event is due, unless a batch already came after the request was sent
+        (``sent_ms``). The clock starts at the answer, not at the send: a request may wait
+        in the worker's queue far longer than ``stale_s`` while the worker has nothing to
+        store."""
         worker = self.workers.get(url)
         if worker is None or worker.status != "live" or worker.expect_since_ms is not None:
             return
-        if uncached_tokens >= (worker.page_size or 1):
-            worker.expect_since_ms = now_ms
+        if uncached_tokens < (worker.page_size or 1):
+            return
+        last = worker.last_batch_ms
+        if sent_ms is not None and last is not None and last >= sent_ms:
+            return  # the publisher spoke after the request left: it is alive
+        worker.expect_since_ms = now_ms
 
     def refresh(self, now_ms: float) -> list[str]:
         """Mark stale the live workers whose expected events are ``stale_s`` late; returns
@@ -243,9 +255,7 @@ class BlockSets:
             since = worker.expect_since_ms
             if worker.status == "live" and since is not None and now_ms - since > limit_ms:
                 worker.status = "stale"
-                worker.reason = (
-                    f"no event {self.stale_s:g} s after a request that stores blocks was sent"
-                )
+                worker.reason = f"no event {self.stale_s:g} s after an answer that stored blocks"
                 late.append(url)
         return late
 

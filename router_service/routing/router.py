@@ -77,6 +77,9 @@ class Router:
         self._last_approx: dict[str, int] = {}  # of the last match: the index's belief
         self.clock_ms = 0.0  # the latest time a caller passed (decisions without one use it)
         self._last_sources: dict[str, str] = {}  # of the last match: worker -> source
+        # Per open decision sent with token ids to a worker with events: (worker, uncached
+        # tokens, sent at). Its answer says the pages are stored: their events are due.
+        self._stores: dict[str, tuple[str, int, float]] = {}
         self._last_trim_ms = 0.0
 
     def set_policy(self, policy: RoutingPolicy) -> None:
@@ -237,9 +240,10 @@ class Router:
                 request.tokens_per_unit,
             )
         if self.blocks is not None and request.tokens:
-            # It must store pages if it prefills one or more: its events are due. Until it
-            # ends, its pages count as the worker's (it stores them as it prefills).
-            self.blocks.expect(chosen, uncached, now_ms)
+            # It stores pages if it prefills one or more: their events are due once its
+            # answer shows the prefill done (first_token, complete). Until it ends, its pages
+            # count as the worker's (it stores them as it prefills).
+            self._stores[decision.decision_id] = (chosen, uncached, now_ms)
             self.blocks.open(decision.decision_id, chosen, request.key)
         self.policy.commit(decision)
         self.index.insert(self.index_key(request), chosen, now_ms)
@@ -260,12 +264,27 @@ class Router:
         self.commit(request, decision, now_ms)
         return decision
 
-    def first_token(self, decision_id: str) -> None:
-        """The worker sent the request's first token: its prefill is done."""
+    def first_token(self, decision_id: str, now_ms: float | None = None) -> None:
+        """The worker sent the request's first token (at ``now_ms``, else the latest time a
+        caller passed): its prefill is done, so are the events of the pages it stored."""
         self.ledger.first_token(decision_id)
+        self._stored(decision_id, now_ms)
 
-    def complete(self, decision: Decision, outcome: Outcome) -> Learned | None:
-        """Close a routed request; a learning policy trains on its outcome."""
+    def _stored(self, decision_id: str, now_ms: float | None) -> None:
+        store = self._stores.pop(decision_id, None)
+        if store is not None and self.blocks is not None:
+            worker, uncached, sent_ms = store
+            now = self.clock_ms if now_ms is None else now_ms
+            self.blocks.expect(worker, uncached, now, sent_ms=sent_ms)
+
+    def complete(
+        self, decision: Decision, outcome: Outcome, now_ms: float | None = None
+    ) -> Learned | None:
+        """Close a routed request (answered at ``now_ms``, else the latest time a caller
+        passed); a learning policy trains on its outcome."""
+        if outcome.ok:  # a whole answer without a first token seen (not streamed)
+            self._stored(decision.decision_id, now_ms)
+        self._stores.pop(decision.decision_id, None)
         if self.blocks is not None:
             self.blocks.close(decision.decision_id)
         matched_on = self._matched_on.pop(decision.decision_id, None)
@@ -311,6 +330,7 @@ class Router:
         orphans = self.ledger.drop_worker(url)
         for decision_id in orphans:
             self._policy_of.pop(decision_id, None)
+            self._stores.pop(decision_id, None)
         self._orphans.update(orphans)
         self.index.remove_worker(url)
         self.survival.forget_worker(url)

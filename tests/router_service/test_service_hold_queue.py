@@ -235,7 +235,7 @@ def _flight(body: dict[str, Any], kind: str = "generate") -> tuple[Flight, _Queu
     parsed = parse_body(body, kind, "r1")
     flight = Flight(
         state=SimpleNamespace(  # type: ignore[arg-type]
-            queue=queue, router=Router(make_policy("round_robin"))
+            queue=queue, router=Router(make_policy("round_robin")), now_ms=lambda: 0.0
         ),
         parsed=parsed,
         decision=SimpleNamespace(chosen="http://w", decision_id="r1"),  # type: ignore[arg-type]

@@ -164,8 +164,8 @@ def test_a_worker_whose_events_stop_falls_back_and_says_so(
     with_events.app[RUNTIME].on_events = lambda events: None  # its publisher goes silent
     state = router.app.state.kvroute
     blocks = state.router.blocks
-    # Silence alone is an idle worker; silence after a request that must store pages is not
-    # (Router.commit says so when it sends one; here the test says it).
+    # Silence alone is an idle worker; silence after the answer to a request that stored
+    # pages is not (Router.first_token and complete say so; here the test says it).
     assert blocks.refresh(state.now_ms() + 3_600_000.0) == []
     blocks.expect(worker, uncached_tokens=PAGE, now_ms=state.now_ms())
     later = state.now_ms() + state.settings.kv_events_stale_s * 1000.0 + 1.0
@@ -175,6 +175,34 @@ def test_a_worker_whose_events_stop_falls_back_and_says_so(
     assert shown[worker]["cache_fallback"].startswith("events stale")
     metrics = control(router).get("/metrics").text
     assert f'kvroute_kv_events_live{{status="stale",worker="{worker}"}} 0.0' in metrics
+
+
+def test_an_answer_that_stored_pages_makes_a_silent_publisher_stale(
+    emulators: Callable[..., Emulator],
+) -> None:
+    """The wiring: the router's answer (here non-streamed) starts the stale clock."""
+    emulator = emulators()
+    worker = emulator.url
+    settings = service_settings(
+        worker_urls=[worker],
+        worker_kv_events=[f"{worker}={emulator.source}"],
+        admin_token=ADMIN_TOKEN,
+        policy="cache_aware",
+    )
+    router = RouterServer(settings).start()
+    try:
+        assert wait_until(lambda: live(router, worker), 10), "events never went live"
+        emulator.app[RUNTIME].on_events = lambda events: None  # its publisher goes silent
+        state = router.app.state.kvroute
+        blocks, stale_ms = state.router.blocks, state.settings.kv_events_stale_s * 1000.0
+        sent = state.now_ms()
+        body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1}}
+        assert router.client.post("/generate", json=body).status_code == 200
+        answered = state.now_ms()
+        assert blocks.refresh(sent + stale_ms) == []
+        assert blocks.refresh(answered + stale_ms + 1.0) == [worker]
+    finally:
+        router.stop()
 
 
 def test_workers_can_be_added_with_their_events(

@@ -104,7 +104,7 @@ def test_a_worker_is_matched_on_its_events_only_while_they_are_live() -> None:
     assert sets.refresh(now_ms=11_001.0) == ["a"]
     matched, reasons = sets.match("r", [1, 2], ["a"])
     assert matched == {}
-    assert reasons["a"].startswith("events stale: no event 10 s after a request")
+    assert reasons["a"].startswith("events stale: no event 10 s after an answer that stored")
     sets.apply("a", batch(), now_ms=12_000.0)  # the next batch: live again
     assert sets.match("r", [1, 2], ["a"]) == ({"a": 2}, {})
 
@@ -147,8 +147,15 @@ def test_sets_fed_by_the_reference_cache_match_it_exactly(eviction: str, page: i
         assert sets.workers[url].blocks == cache.total_tokens // page
 
 
-def test_the_router_reads_live_events_and_expects_them_after_it_sends() -> None:
-    from router_service.routing import Router, RouteRequest, WorkerStatus, make_policy
+def test_the_router_reads_live_events_and_expects_them_after_an_answer_stored_pages() -> None:
+    from router_service.routing import (
+        Decision,
+        Outcome,
+        Router,
+        RouteRequest,
+        WorkerStatus,
+        make_policy,
+    )
 
     sets = BlockSets(stale_s=5.0)
     router = Router(make_policy("cache_aware", preset="sglang"), blocks=sets)
@@ -162,11 +169,40 @@ def test_the_router_reads_live_events_and_expects_them_after_it_sends() -> None:
     assert decision.cache_sources == {"a": "events"}
     shown = {c["worker"]: c for c in decision.to_dict()["candidates"]}
     assert (shown["a"]["cache_source"], shown["b"]["cache_source"]) == ("events", "approximate")
-    router.commit(request, decision, now_ms=100.0)
-    chosen = decision.chosen
-    assert sets.refresh(now_ms=5_101.0) == (["a"] if chosen == "a" else [])
     text = RouteRequest("r2", "some text", None, 1)
     assert "no token ids" in (router.decide(text, workers).cache_sources or {})["a"]
+
+    only_a = [WorkerStatus("a")]
+
+    def send(rid: str, first: int, now_ms: float) -> Decision:
+        sent = RouteRequest(rid, ids_to_key(list(range(first, first + 8))), 8, 1, tokens=True)
+        return router.route(sent, only_a, now_ms)
+
+    # Sent with 4 uncached tokens (2 pages), then queued in the worker for ten minutes:
+    # nothing is stored meanwhile, so silence is no fault.
+    router.commit(request, router.decide(request, only_a), now_ms=100.0)
+    assert sets.refresh(now_ms=600_000.0) == []
+    router.first_token("r1", now_ms=600_000.0)  # prefilled: the pages' events are due
+    assert sets.refresh(now_ms=605_000.0) == []
+    assert sets.refresh(now_ms=605_001.0) == ["a"]
+    assert "after an answer that stored blocks" in (sets.fallback("a") or "")
+    sets.apply("a", batch(), now_ms=606_000.0)  # the next batch: live again
+
+    # A batch that came after the send shows the publisher alive, whenever the answer comes.
+    r3 = send("r3", 100, 607_000.0)
+    sets.apply("a", batch(stored(list(range(100, 108)))), now_ms=608_000.0)
+    router.first_token(r3.decision_id, now_ms=700_000.0)
+    assert sets.refresh(now_ms=800_000.0) == []
+
+    # A whole answer without a first token seen (not streamed) counts at its end; a failed
+    # request proves nothing stored.
+    r4 = send("r4", 200, 900_000.0)
+    router.complete(r4, Outcome(False, status="http_500"), 950_000.0)
+    assert sets.refresh(now_ms=990_000.0) == []
+    r5 = send("r5", 300, 1_000_000.0)
+    router.complete(r5, Outcome(True, latency_ms=50.0), 1_000_050.0)
+    assert sets.refresh(now_ms=1_005_050.0) == []
+    assert sets.refresh(now_ms=1_005_051.0) == ["a"]
 
 
 def test_pages_of_requests_in_flight_count_until_they_end() -> None:
