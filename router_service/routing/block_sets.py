@@ -230,12 +230,11 @@ class BlockSets:
     def expect(
         self, url: str, uncached_tokens: int, now_ms: float, sent_ms: float | None = None
     ) -> None:
-        """``url`` has prefilled a request with ``uncached_tokens`` to store (its first token
-        came back, or its whole answer): if that is a page or more, the worker stored
-        blocks, so an event is due, unless a batch already came after the request was sent
-        (``sent_ms``). The clock starts at the answer, not at the send: a request may wait
-        in the worker's queue far longer than ``stale_s`` while the worker has nothing to
-        store."""
+        """``url`` prefilled a request that stored ``uncached_tokens`` (its answer says so;
+        ``now_ms``: its first token, or its end): if that is a page or more, an event was
+        due, unless a batch already came after the request was sent (``sent_ms``). The
+        clock starts at the answer, not at the send: a request may wait in the worker's
+        queue far longer than ``stale_s`` while the worker has nothing to store."""
         worker = self.workers.get(url)
         if worker is None or worker.status != "live" or worker.expect_since_ms is not None:
             return

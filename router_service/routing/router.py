@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from engine_ext.cache.keys import Key
 from router_service.routing.block_keys import CHARS_PER_BLOCK, BlockKeys
@@ -77,9 +78,10 @@ class Router:
         self._last_approx: dict[str, int] = {}  # of the last match: the index's belief
         self.clock_ms = 0.0  # the latest time a caller passed (decisions without one use it)
         self._last_sources: dict[str, str] = {}  # of the last match: worker -> source
-        # Per open decision sent with token ids to a worker with events: (worker, uncached
-        # tokens, sent at). Its answer says the pages are stored: their events are due.
-        self._stores: dict[str, tuple[str, int, float]] = {}
+        # Per open decision sent with token ids to a worker with events: [worker, uncached
+        # tokens, sent at, first token at]. Its answer shows the pages stored: their events
+        # were due from its first token (or its end), if it stored a page (``_stored``).
+        self._stores: dict[str, list[Any]] = {}
         self._last_trim_ms = 0.0
 
     def set_policy(self, policy: RoutingPolicy) -> None:
@@ -243,7 +245,7 @@ class Router:
             # It stores pages if it prefills one or more: their events are due once its
             # answer shows the prefill done (first_token, complete). Until it ends, its pages
             # count as the worker's (it stores them as it prefills).
-            self._stores[decision.decision_id] = (chosen, uncached, now_ms)
+            self._stores[decision.decision_id] = [chosen, uncached, now_ms, None]
             self.blocks.open(decision.decision_id, chosen, request.key)
         self.policy.commit(decision)
         self.index.insert(self.index_key(request), chosen, now_ms)
@@ -266,25 +268,31 @@ class Router:
 
     def first_token(self, decision_id: str, now_ms: float | None = None) -> None:
         """The worker sent the request's first token (at ``now_ms``, else the latest time a
-        caller passed): its prefill is done, so are the events of the pages it stored."""
+        caller passed): its prefill is done, and the events of the pages it stored were due
+        from then (checked when it completes, with what its answer says it stored)."""
         self.ledger.first_token(decision_id)
-        self._stored(decision_id, now_ms)
+        store = self._stores.get(decision_id)
+        if store is not None and store[3] is None:
+            store[3] = self.clock_ms if now_ms is None else now_ms
 
-    def _stored(self, decision_id: str, now_ms: float | None) -> None:
+    def _stored(self, decision_id: str, outcome: Outcome, now_ms: float | None) -> None:
+        """Expect the events of what a successful answer stored: the prompt tokens it did
+        not find cached (its ``cached_tokens``), else what the router predicted uncached."""
         store = self._stores.pop(decision_id, None)
-        if store is not None and self.blocks is not None:
-            worker, uncached, sent_ms = store
-            now = self.clock_ms if now_ms is None else now_ms
-            self.blocks.expect(worker, uncached, now, sent_ms=sent_ms)
+        if store is None or self.blocks is None or not outcome.ok:
+            return
+        worker, uncached, sent_ms, first_ms = store
+        if outcome.cached_tokens is not None and outcome.prompt_tokens is not None:
+            uncached = outcome.prompt_tokens - outcome.cached_tokens
+        since = first_ms if first_ms is not None else now_ms
+        self.blocks.expect(worker, uncached, self.clock_ms if since is None else since, sent_ms)
 
     def complete(
         self, decision: Decision, outcome: Outcome, now_ms: float | None = None
     ) -> Learned | None:
         """Close a routed request (answered at ``now_ms``, else the latest time a caller
         passed); a learning policy trains on its outcome."""
-        if outcome.ok:  # a whole answer without a first token seen (not streamed)
-            self._stored(decision.decision_id, now_ms)
-        self._stores.pop(decision.decision_id, None)
+        self._stored(decision.decision_id, outcome, now_ms)
         if self.blocks is not None:
             self.blocks.close(decision.decision_id)
         matched_on = self._matched_on.pop(decision.decision_id, None)

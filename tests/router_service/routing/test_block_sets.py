@@ -180,10 +180,14 @@ def test_the_router_reads_live_events_and_expects_them_after_an_answer_stored_pa
 
     # Sent with 4 uncached tokens (2 pages), then queued in the worker for ten minutes:
     # nothing is stored meanwhile, so silence is no fault.
-    router.commit(request, router.decide(request, only_a), now_ms=100.0)
+    first = router.decide(request, only_a)
+    router.commit(request, first, now_ms=100.0)
     assert sets.refresh(now_ms=600_000.0) == []
-    router.first_token("r1", now_ms=600_000.0)  # prefilled: the pages' events are due
-    assert sets.refresh(now_ms=605_000.0) == []
+    router.first_token("r1", now_ms=600_000.0)  # prefilled: the pages' events were due
+    assert sets.refresh(now_ms=604_000.0) == []
+    stored_4 = Outcome(True, latency_ms=50.0, cached_tokens=4, prompt_tokens=8)
+    router.complete(first, stored_4, now_ms=604_000.0)  # its answer: 4 tokens stored
+    assert sets.refresh(now_ms=605_000.0) == []  # 5 s from the first token
     assert sets.refresh(now_ms=605_001.0) == ["a"]
     assert "after an answer that stored blocks" in (sets.fallback("a") or "")
     sets.apply("a", batch(), now_ms=606_000.0)  # the next batch: live again
@@ -192,15 +196,20 @@ def test_the_router_reads_live_events_and_expects_them_after_an_answer_stored_pa
     r3 = send("r3", 100, 607_000.0)
     sets.apply("a", batch(stored(list(range(100, 108)))), now_ms=608_000.0)
     router.first_token(r3.decision_id, now_ms=700_000.0)
+    router.complete(r3, Outcome(True, latency_ms=50.0), 700_050.0)
     assert sets.refresh(now_ms=800_000.0) == []
 
-    # A whole answer without a first token seen (not streamed) counts at its end; a failed
-    # request proves nothing stored.
-    r4 = send("r4", 200, 900_000.0)
-    router.complete(r4, Outcome(False, status="http_500"), 950_000.0)
+    # An answer that found its whole prompt cached stored nothing, whatever was predicted;
+    # a failed request proves nothing stored.
+    r4 = send("r4", 200, 850_000.0)
+    cached_all = Outcome(True, latency_ms=50.0, cached_tokens=7, prompt_tokens=8)
+    router.complete(r4, cached_all, 850_050.0)
+    router.complete(send("r5", 250, 900_000.0), Outcome(False, status="http_500"), 950_000.0)
     assert sets.refresh(now_ms=990_000.0) == []
-    r5 = send("r5", 300, 1_000_000.0)
-    router.complete(r5, Outcome(True, latency_ms=50.0), 1_000_050.0)
+    # A whole answer (not streamed) that does not say what it found: the router's
+    # prediction (8 uncached), from the answer's end.
+    r6 = send("r6", 300, 1_000_000.0)
+    router.complete(r6, Outcome(True, latency_ms=50.0), 1_000_050.0)
     assert sets.refresh(now_ms=1_005_050.0) == []
     assert sets.refresh(now_ms=1_005_051.0) == ["a"]
 
