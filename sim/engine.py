@@ -9,9 +9,8 @@ in chunked prefill at a time, continuous batching up to ``max_running_requests``
 
 KV accounting follows SGLang's allocator: at admission a request reserves its uncached
 prompt tokens plus ``max_new_tokens`` (evicting if needed; a request that does not fit even
-after evicting all it could waits at the head of the queue, and evicts nothing meanwhile, as
-SGLang checks free + evictable KV before it evicts: ``PrefillAdder`` in
-``managers/schedule_policy.py``); when its prefill completes the prompt enters the tree and
+after evicting all it could waits at the head of the queue, and evicts nothing meanwhile:
+``RadixCache.ensure_free``); when its prefill completes the prompt enters the tree and
 stays locked while it decodes; when it finishes, prompt + output enter the tree, the lock is
 dropped and the reservation released.
 """
@@ -150,13 +149,9 @@ class WorkerEngine:
         cache.lock(match.node)
         cached = min(match.length, req.prompt_tokens - 1)  # SGLang recomputes the last token
         need = req.prompt_tokens - cached + req.max_new_tokens
-        if need > cache.available_tokens + cache.evictable_tokens:
-            # SGLang checks the budget (free + evictable) before it evicts anything: a
-            # request that cannot be admitted yet leaves the cache as it is.
+        if not cache.ensure_free(need):  # evicts nothing when it cannot make the room
             cache.unlock(match.node)
             return False
-        if not cache.ensure_free(need):
-            raise RuntimeError(f"could not free {need} tokens within the evictable budget")
         cache.reserve(need)
         cache.stats.record(req.prompt_tokens, cached)
         req.cached = req.prefilled = cached

@@ -266,8 +266,12 @@ class RadixCache:
 
     # -- KV-pool arithmetic --------------------------------------------------------------
     def ensure_free(self, num_tokens: int) -> bool:
-        """Evict until ``num_tokens`` can be reserved; False if locks make that impossible."""
+        """Evict until ``num_tokens`` can be reserved; False, evicting nothing, if locks and
+        reservations make that impossible (SGLang checks free + evictable KV before it
+        evicts for a request: ``PrefillAdder`` in ``managers/schedule_policy.py``)."""
         short = num_tokens - self.available_tokens
+        if short > self.evictable_tokens:
+            return False
         if short > 0:
             self.evict(short)
         return self.available_tokens >= num_tokens

@@ -266,6 +266,18 @@ def test_ensure_free_is_false_when_locks_hold_the_memory() -> None:
     assert cache.ensure_free(5)
 
 
+def test_ensure_free_evicts_nothing_when_it_cannot_make_the_room() -> None:
+    cache = RadixCache(20, "lru")
+    locked = cache.insert(tuple(range(8))).node
+    cache.lock(locked)
+    cache.insert(tuple(range(100, 106)))  # 6 evictable tokens; 6 free
+    assert not cache.ensure_free(13)  # 6 free + 6 evictable < 13
+    assert cache.total_tokens == 14
+    assert cache.stats.evicted_tokens == 0
+    assert cache.ensure_free(12)
+    assert cache.total_tokens == 8
+
+
 def test_unlock_of_an_unlocked_node_fails_loudly() -> None:
     cache = RadixCache(10, "lru")
     node = cache.insert((1, 2)).node
