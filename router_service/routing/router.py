@@ -18,8 +18,7 @@ Every answer that says how many prompt tokens the worker found cached teaches it
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from engine_ext.cache.keys import Key
 from router_service.routing.block_keys import CHARS_PER_BLOCK, BlockKeys
@@ -38,6 +37,17 @@ from router_service.routing.types import (
 )
 
 __all__ = ["Router"]
+
+
+@dataclass(slots=True)
+class _Stores:
+    """A request sent with token ids to a worker with events: what it should store there.
+    Its answer shows the pages stored; their events were due from its first token."""
+
+    worker: str
+    uncached: int  # the router's prediction, until the answer says
+    sent_ms: float
+    first_token_ms: float | None = None
 
 
 class Router:
@@ -78,10 +88,8 @@ class Router:
         self._last_approx: dict[str, int] = {}  # of the last match: the index's belief
         self.clock_ms = 0.0  # the latest time a caller passed (decisions without one use it)
         self._last_sources: dict[str, str] = {}  # of the last match: worker -> source
-        # Per open decision sent with token ids to a worker with events: [worker, uncached
-        # tokens, sent at, first token at]. Its answer shows the pages stored: their events
-        # were due from its first token (or its end), if it stored a page (``_stored``).
-        self._stores: dict[str, list[Any]] = {}
+        # Per open decision sent with token ids to a worker with events (``_stored``).
+        self._stores: dict[str, _Stores] = {}
         self._last_trim_ms = 0.0
 
     def set_policy(self, policy: RoutingPolicy) -> None:
@@ -245,7 +253,7 @@ class Router:
             # It stores pages if it prefills one or more: their events are due once its
             # answer shows the prefill done (first_token, complete). Until it ends, its pages
             # count as the worker's (it stores them as it prefills).
-            self._stores[decision.decision_id] = [chosen, uncached, now_ms, None]
+            self._stores[decision.decision_id] = _Stores(chosen, uncached, now_ms)
             self.blocks.open(decision.decision_id, chosen, request.key)
         self.policy.commit(decision)
         self.index.insert(self.index_key(request), chosen, now_ms)
@@ -272,8 +280,8 @@ class Router:
         from then (checked when it completes, with what its answer says it stored)."""
         self.ledger.first_token(decision_id)
         store = self._stores.get(decision_id)
-        if store is not None and store[3] is None:
-            store[3] = self.clock_ms if now_ms is None else now_ms
+        if store is not None and store.first_token_ms is None:
+            store.first_token_ms = self.clock_ms if now_ms is None else now_ms
 
     def _stored(self, decision_id: str, outcome: Outcome, now_ms: float | None) -> None:
         """Expect the events of what a successful answer stored: the prompt tokens it did
@@ -281,11 +289,12 @@ class Router:
         store = self._stores.pop(decision_id, None)
         if store is None or self.blocks is None or not outcome.ok:
             return
-        worker, uncached, sent_ms, first_ms = store
+        uncached = store.uncached
         if outcome.cached_tokens is not None and outcome.prompt_tokens is not None:
             uncached = outcome.prompt_tokens - outcome.cached_tokens
-        since = first_ms if first_ms is not None else now_ms
-        self.blocks.expect(worker, uncached, self.clock_ms if since is None else since, sent_ms)
+        since = store.first_token_ms if store.first_token_ms is not None else now_ms
+        since = self.clock_ms if since is None else since
+        self.blocks.expect(store.worker, uncached, since, store.sent_ms)
 
     def complete(
         self, decision: Decision, outcome: Outcome, now_ms: float | None = None
