@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
-from models.base import Features, ResidualModel
+from models.base import FadingModel, Features, ResidualModel
 from models.online_error import RollingMAE
 from models.registry import ModelSpec, make_model, parse_spec
 
 __all__ = ["SHARINGS", "ModelBank"]
 
 SHARINGS = ("per_worker", "shared")
-# Fleet outcomes after which a worker's unrefreshed residual counts half, for models that
-# say they fade (``fades = True``: ``ratio``; the paper's ``ewmean`` stays as the paper has
-# it). A worker taking a fair share of 4-20 workers is refreshed every 4-20: unaffected.
-STALE_HALF_LIFE = 200
+# Models that say they fade (``fades = True``: ``ratio``; the paper's ``ewmean`` stays as the
+# paper has it) fade a worker's learned factor toward the fleet's while the worker gets no
+# outcomes. A worker taking a fair share of a fleet of n is refreshed about every n outcomes
+# of the fleet. One whose factor has gone unrefreshed for half a memory of its own outcomes
+# (the model's ``memory``: 10 for ``ratio``; ``STALE_AFTER`` of it, 5 turns, 5 * n outcomes
+# of the fleet) starts to fade, and its own factor counts half once a whole memory has gone
+# by (``memory * n`` outcomes of the fleet). Before that, a worker avoided because it is
+# busy keeps what it learned: its factor is what the estimate misses of its state now.
+STALE_AFTER = 0.5
 _SHARED_KEY = "*"
 
 
@@ -67,8 +72,10 @@ class ModelBank:
         self.samples = 0
         # The fleet's sample count at each model's last outcome: a residual learned long ago
         # (in outcomes of the fleet) says less now, so that a worker priced out of traffic by
-        # a bad start is tried again, and corrected (``STALE_HALF_LIFE``).
+        # a bad start is tried again, and corrected (``STALE_AFTER``, ``_fade``).
         self._last_sample: dict[str, int] = {}
+        # (fleet samples, models, sum of weighted log factors, sum of weights): _fleet_log_factor
+        self._fleet_log: tuple[int, int, float, float] | None = None
 
     def spec_for(self, worker: str) -> ModelSpec:
         return self.overrides.get(worker, self.spec)
@@ -108,25 +115,62 @@ class ModelBank:
         if model is None:  # not ``or``: a model may define ``__len__`` (a River pipeline does)
             model = self._override_protos.get(worker, self._default)
         try:
-            value = float(model.predict_one(self._features(worker, x)))
+            key = self._key(worker)
+            weight = self._fade(key, model)
+            if weight < 1.0:
+                fleet = self._fleet_log_factor(key, model, weight)
+                value = float(cast(FadingModel, model).predict_faded(x, weight, fleet))
+            else:
+                value = float(model.predict_one(self._features(worker, x)))
         except Exception:  # noqa: BLE001 - a model must never take routing down
             self.failures += 1
             return 0.0
         if not math.isfinite(value):
             self.failures += 1
             return 0.0
-        last = self._last_sample.get(self._key(worker))
-        if (
-            last is not None
-            and self.samples - last > STALE_HALF_LIFE / 8
-            and getattr(model, "fades", False)
-        ):
-            value *= 0.5 ** ((self.samples - last) / STALE_HALF_LIFE)
         # Residual targets are >= 1 ms by construction (LBGR trains on max(1, ...)), so a
         # negative prediction is never right; letting it through would make a worker look
         # faster than free and draw traffic it cannot serve. A signed model (``ratio``) is
         # trained on the signed residual and may go below zero (LBGR floors the prediction).
         return value if getattr(model, "signed", False) else max(0.0, value)
+
+    def _fade(self, key: str, model: Any) -> float:
+        """The weight of ``model``'s own factor (1.0: fresh, or a model that does not fade):
+        one half per ``memory * n`` outcomes of the fleet since its last, once it has missed
+        ``STALE_AFTER * memory`` turns of a fair share (n: the workers with a model). A worker that
+        has learned nothing yet (one just added) counts as the fleet (0.0): on a fleet
+        faster than the prior, the prior's factor of 1 would keep it out of traffic."""
+        if not getattr(model, "fades", False) or self._shares(key):
+            return 1.0
+        last = self._last_sample.get(key)
+        if last is None:
+            return 0.0
+        turn = float(model.memory) * max(1, len(self._models))  # outcomes: a memory of turns
+        age = self.samples - last
+        if age <= STALE_AFTER * turn:
+            return 1.0
+        return float(0.5 ** (age / turn))
+
+    def _fleet_log_factor(self, key: str, model: Any, weight: float) -> float:
+        """The rest of the fleet's log factor, for ``model`` (at ``weight``, its ``_fade``):
+        the mean of the other fading models' log factors, each weighted by how fresh it is;
+        0.0 (the estimate as it is) without any. The sums are made once per fleet outcome."""
+        models = list(self._models.items())  # a learn on another thread may add a worker
+        sums = self._fleet_log
+        if sums is None or sums[0] != self.samples or sums[1] != len(models):
+            total = weights = 0.0
+            for k, m in models:
+                if getattr(m, "fades", False):
+                    w = self._fade(k, m)
+                    total += w * float(cast(FadingModel, m).log_factor)
+                    weights += w
+            sums = self._fleet_log = (self.samples, len(models), total, weights)
+        own = weight * float(model.log_factor) if key in self._models else 0.0
+        others = sums[3] - (weight if key in self._models else 0.0)
+        if others <= 1e-9:
+            return 0.0
+        value = (sums[2] - own) / others
+        return value if math.isfinite(value) else 0.0
 
     def learn(self, worker: str, x: Features, y: float) -> float:
         """Train on one outcome; returns the absolute error of the prediction made before."""
@@ -137,6 +181,14 @@ class ModelBank:
         if self._shares(worker) and worker not in self._one_hot:
             self._set_shared_workers([*self._one_hot, worker])
         error = abs(self.predict(worker, x) - y)
+        # Stale: learn on from the faded factor its predictions showed (a new model takes its
+        # first outcome whole, as before).
+        weight = self._fade(key, model) if key in self._last_sample else 1.0
+        if weight < 1.0:
+            try:
+                cast(FadingModel, model).fade(weight, self._fleet_log_factor(key, model, weight))
+            except Exception:  # noqa: BLE001 - isolate, count, keep routing
+                self.failures += 1
         tracker = self._errors.get(worker)
         if tracker is None:
             tracker = self._errors[worker] = RollingMAE(self.window)

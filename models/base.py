@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Features", "ResidualModel"]
+__all__ = ["FadingModel", "Features", "ResidualModel"]
 
 # River types features as dict[Hashable, Any]; ``dict[Any, Any]`` fits both River's signatures
 # and ours, where features are always ``str`` -> ``float`` (see router_service.routing.features).
@@ -26,3 +26,24 @@ class ResidualModel(Protocol):
     def predict_one(self, x: Features) -> float: ...
 
     def learn_one(self, x: Features, y: float) -> None: ...
+
+
+class FadingModel(ResidualModel, Protocol):
+    """A residual model that says it fades (``fades = True``: ``ratio``): ``ModelBank`` moves
+    the factor of a worker that gets no outcomes toward the rest of the fleet's."""
+
+    fades: bool
+
+    @property
+    def log_factor(self) -> float:
+        """The learned log factor on the estimate (what the bank averages over the fleet)."""
+        ...
+
+    @property
+    def memory(self) -> float:
+        """About how many outcomes the factor remembers."""
+        ...
+
+    def predict_faded(self, x: Features, weight: float, fleet_log_factor: float) -> float: ...
+
+    def fade(self, weight: float, fleet_log_factor: float) -> None: ...

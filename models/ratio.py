@@ -60,7 +60,8 @@ class RatioResidual(base.Regressor):
     1/16x) the estimate, so a single stalled request cannot set a factor of 1,000. An
     ``estimate_ms`` that is missing, not a number or below 1 ms counts as 1 ms. (A factor
     learned from a slow start, on a worker that then gets no traffic to correct it, fades
-    with the fleet's outcomes: ``ModelBank``'s staleness.)
+    toward the fleet's factor as the fleet's outcomes go by: ``ModelBank``'s staleness,
+    ``log_factor`` and ``predict_faded``.)
 
     The residual is *signed* (``signed = True``): LBGR trains it on ``latency - estimate``
     itself, not floored at 1 ms, and it may predict a negative residual. A fleet faster than
@@ -69,7 +70,7 @@ class RatioResidual(base.Regressor):
     """
 
     signed = True
-    fades = True  # ModelBank fades a factor its worker has not refreshed (STALE_HALF_LIFE)
+    fades = True  # ModelBank fades a factor its worker has not refreshed (``predict_faded``)
 
     def __init__(self, forgetting: float = 0.9, p0: float = 1e6) -> None:
         self.forgetting = forgetting
@@ -90,6 +91,16 @@ class RatioResidual(base.Regressor):
         """Latency over estimate, as learned so far (1.0 before any outcome)."""
         return math.exp(self._log_mean.predict_one({}))
 
+    @property
+    def log_factor(self) -> float:
+        """``log(factor)``: what the bank averages over the fleet (a geometric mean)."""
+        return self._log_mean.predict_one({})
+
+    @property
+    def memory(self) -> float:
+        """Outcomes the factor effectively remembers (10 at forgetting 0.9)."""
+        return 1.0 / max(1e-9, 1.0 - self.forgetting)
+
     def learn_one(self, x: Features, y: float) -> None:
         if not math.isfinite(y):
             return
@@ -100,6 +111,22 @@ class RatioResidual(base.Regressor):
 
     def predict_one(self, x: Features) -> float:
         return math.expm1(self._log_mean.predict_one({})) * self._estimate(x)
+
+    def predict_faded(self, x: Features, weight: float, fleet_log_factor: float) -> float:
+        """The residual with the factor faded toward the fleet's: ``weight`` of this
+        worker's log factor, the rest the fleet's (``ModelBank``, for a worker whose factor
+        is old). Toward the fleet's, not toward 1: on a fleet faster than the prior (factors
+        near 0.5) a factor faded to 1 would still price its worker out."""
+        log_factor = weight * self.log_factor + (1.0 - weight) * fleet_log_factor
+        return math.expm1(log_factor) * self._estimate(x)
+
+    def fade(self, weight: float, fleet_log_factor: float) -> None:
+        """Keep the faded factor (``predict_faded``) as the learned one: the bank calls this
+        before a stale worker's next outcome, which then moves the factor from where its
+        predictions had faded to, not from where they were before it went stale."""
+        state = self._log_mean.state()
+        faded = weight * state["theta"] + (1.0 - weight) * fleet_log_factor
+        self._log_mean.load_state({"theta": faded, "p": state["p"]})
 
     def learned(self) -> dict[str, float]:
         """What the model holds, for operators: "worker X runs at 2.1x the estimate"."""

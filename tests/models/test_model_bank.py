@@ -268,29 +268,78 @@ def test_status_reports_what_each_workers_model_learned() -> None:
     assert set(ratio.learned()) == {"slow"}
 
 
-def test_a_ratio_fades_while_its_worker_gets_no_outcomes() -> None:
+def test_a_ratio_fades_toward_the_fleets_while_its_worker_gets_no_outcomes() -> None:
     """A worker priced out of traffic by a bad start (a cold first request) must be tried
-    again: its learned residual (``ratio``) counts half after STALE_HALF_LIFE outcomes of the
-    fleet, and a worker that keeps getting outcomes is not affected."""
-    from models.bank import STALE_HALF_LIFE
+    again: while it gets no outcomes its learned factor (``ratio``) fades toward the fleet's,
+    by half per ``memory`` (10) of its fair share of the fleet's outcomes; a worker that
+    keeps getting outcomes is not affected."""
+    from models.bank import STALE_AFTER
 
     x = {"estimate_ms": 100.0}
     bank = ModelBank("ratio")
     bank.learn("cold", x, 900.0)  # one slow start: 10x the estimate
     assert bank.predict("cold", x) == pytest.approx(900.0, rel=1e-4)
-    for _ in range(STALE_HALF_LIFE):
-        bank.learn("busy", x, 50.0)
-    assert bank.predict("busy", x) == pytest.approx(50.0)  # refreshed every outcome
-    assert bank.predict("cold", x) == pytest.approx(450.0, rel=0.01)
-    for _ in range(STALE_HALF_LIFE):
-        bank.learn("busy", x, 50.0)
-    assert bank.predict("cold", x) == pytest.approx(225.0, rel=0.01)
-    bank.learn("cold", x, 0.0)  # tried again: it learns, and is fresh again
-    assert bank.predict("cold", x) < 900.0
+    fresh = int(STALE_AFTER * 10 * 2)  # two workers: fresh for half a memory of turns
+    for _ in range(fresh):
+        bank.learn("busy", x, 0.0)  # at the estimate: factor 1
+    assert bank.predict("cold", x) == pytest.approx(900.0, rel=1e-4)
+    for _ in range(20 - fresh):  # 20 outcomes since its last: a memory (10) x 2 workers
+        bank.learn("busy", x, 0.0)
+    assert bank.predict("busy", x) == pytest.approx(0.0, abs=1e-6)  # refreshed every outcome
+    # Half its log factor, half the fleet's: sqrt(10) x the estimate.
+    assert bank.predict("cold", x) == pytest.approx((10**0.5 - 1) * 100.0, rel=0.02)
+    for _ in range(20):
+        bank.learn("busy", x, 0.0)
+    assert bank.predict("cold", x) == pytest.approx((10**0.25 - 1) * 100.0, rel=0.02)
+    faded = bank.predict("cold", x)
+    # Tried again at the fleet's speed: it learns on from the faded factor, not from 10x.
+    bank.learn("cold", x, 0.0)
+    assert bank.predict("cold", x) < faded
 
     # The paper's ewmean is left as the paper has it.
     paper = ModelBank("ewmean")
     paper.learn("cold", X, 5000.0)
-    for _ in range(2 * STALE_HALF_LIFE):
+    for _ in range(400):
         paper.learn("busy", X, 50.0)
     assert paper.predict("cold", X) == pytest.approx(5000.0)
+
+
+def test_a_stale_factor_fades_toward_a_fleet_faster_than_the_prior() -> None:
+    """On a fleet faster than the estimate's prior every fresh factor is below 1 (here 0.5):
+    a stale worker's factor fades toward that, not toward 1, which would keep it 2x dearer
+    than its peers, priced out for good."""
+    x = {"estimate_ms": 100.0}
+    bank = ModelBank("ratio")
+    bank.learn("cold", x, 300.0)  # one slow start: 4x the estimate
+    for _ in range(400):
+        for worker in ("a", "b", "c"):
+            bank.learn(worker, x, -50.0)  # half the estimate
+    assert bank.predict("a", x) == pytest.approx(-50.0, abs=1e-6)
+    assert bank.predict("cold", x) == pytest.approx(-50.0, abs=1.0)
+
+
+def test_a_worker_that_keeps_its_share_never_fades() -> None:
+    """Workers taking turns (a fleet of 4 refreshing each worker every 4 outcomes) keep the
+    factor they learned, different factors included (a slower worker stays slower)."""
+    x = {"estimate_ms": 100.0}
+    bank = ModelBank("ratio")
+    for _ in range(200):
+        for worker, y in (("slow", 100.0), ("a", 0.0), ("b", 0.0), ("c", 0.0)):
+            bank.learn(worker, x, y)
+    assert bank.predict("slow", x) == pytest.approx(100.0, rel=1e-3)  # 2x, not faded
+    assert bank.predict("a", x) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_worker_added_to_a_fast_fleet_starts_at_the_fleets_factor() -> None:
+    """A worker that has learned nothing yet (scaled out into a running fleet) is priced at
+    the fleet's factor, not the prior's 1: on a fleet at half the estimate that 1 would make
+    it look twice as slow, and it would get no traffic to learn from."""
+    x = {"estimate_ms": 100.0}
+    bank = ModelBank("ratio")
+    assert bank.predict("new", x) == 0.0  # an empty fleet: the estimate as it is
+    for _ in range(50):
+        for worker in ("a", "b"):
+            bank.learn(worker, x, -50.0)
+    assert bank.predict("new", x) == pytest.approx(-50.0, abs=1e-6)
+    bank.learn("new", x, 100.0)  # its own first outcome (2x the estimate) counts whole
+    assert bank.predict("new", x) == pytest.approx(100.0, rel=1e-3)
