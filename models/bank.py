@@ -248,6 +248,12 @@ class ModelBank:
                 continue
             try:
                 values = {str(k): float(v) for k, v in report().items()}
+                if getattr(model, "fades", False) and not self._shares(worker):
+                    # What routing prices now: the factor faded toward the fleet's (_fade).
+                    weight = self._fade(worker, model)
+                    fleet = self._fleet_log_factor(worker, model, weight) if weight < 1 else 0.0
+                    own = cast(FadingModel, model).log_factor
+                    values["factor_in_use"] = math.exp(weight * own + (1.0 - weight) * fleet)
             except Exception:  # noqa: BLE001 - a status page must not fail on one model
                 continue
             out[worker] = values

@@ -239,7 +239,8 @@ def test_bank_pickles_with_its_models_and_errors() -> None:
 
 
 def test_status_reports_what_each_workers_model_learned() -> None:
-    """``ewmean`` reports its residual, ``ratio`` its factor; a failing report is left out."""
+    """``ewmean`` reports its residual, ``ratio`` its factor (as learned, and as routing
+    prices it now); a failing report is left out."""
     bank = ModelBank("ewmean")
     for _ in range(50):
         bank.learn("a", X, 120.0)
@@ -252,7 +253,10 @@ def test_status_reports_what_each_workers_model_learned() -> None:
     ratio = ModelBank("ratio")
     for estimate in (100.0, 1000.0, 5000.0) * 20:
         ratio.learn("slow", {"estimate_ms": estimate}, 1.5 * estimate)  # 2.5x the estimate
-    assert ratio.status()["per_worker_learned"] == {"slow": {"factor": pytest.approx(2.5)}}
+    # ``factor_in_use``: what routing prices now (the same while the worker is fresh).
+    assert ratio.status()["per_worker_learned"] == {
+        "slow": {"factor": pytest.approx(2.5), "factor_in_use": pytest.approx(2.5)}
+    }
 
     class Broken:
         def predict_one(self, x: dict) -> float:
@@ -288,6 +292,11 @@ def test_a_ratio_fades_toward_the_fleets_while_its_worker_gets_no_outcomes() -> 
     assert bank.predict("busy", x) == pytest.approx(0.0, abs=1e-6)  # refreshed every outcome
     # Half its log factor, half the fleet's: sqrt(10) x the estimate.
     assert bank.predict("cold", x) == pytest.approx((10**0.5 - 1) * 100.0, rel=0.02)
+    # Operators see the factor learned and the one routing prices now.
+    learned = bank.status()["per_worker_learned"]
+    assert learned["cold"]["factor"] == pytest.approx(10.0, rel=1e-3)
+    assert learned["cold"]["factor_in_use"] == pytest.approx(10**0.5, rel=0.02)
+    assert learned["busy"]["factor_in_use"] == pytest.approx(learned["busy"]["factor"])
     for _ in range(20):
         bank.learn("busy", x, 0.0)
     assert bank.predict("cold", x) == pytest.approx((10**0.25 - 1) * 100.0, rel=0.02)
