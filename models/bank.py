@@ -143,8 +143,8 @@ class ModelBank:
         if not getattr(model, "fades", False) or self._shares(key):
             return 1.0
         last = self._last_sample.get(key)
-        if last is None:
-            return 0.0
+        if last is None:  # no model yet: the fleet's; a model restored without its clock: its own
+            return 0.0 if key not in self._models else 1.0
         turn = float(model.memory) * max(1, len(self._models))  # outcomes: a memory of turns
         age = self.samples - last
         if age <= STALE_AFTER * turn:

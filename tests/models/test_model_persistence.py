@@ -220,3 +220,25 @@ def test_truncated_snapshot_is_a_snapshot_error() -> None:
     data = dumps(trained_slot(), KEY)
     with pytest.raises(SnapshotError):
         loads(data[: len(data) // 2], KEY)
+
+
+def test_a_snapshot_without_the_fade_clock_keeps_each_workers_factor() -> None:
+    """A snapshot written before the bank stored when each worker last learned
+    (``last_sample``) loads with every ``ratio`` factor in use as learned, not faded to the
+    fleet's as for a worker with no model."""
+    slot = ModelSlot("ratio", sharing="per_worker")
+    for i in range(60):
+        worker = WORKERS[i % 3]
+        estimate = 100.0
+        # residuals of 1x, 2x, 3x the estimate: factors 2, 3, 4
+        slot.learn(worker, {"estimate_ms": estimate}, estimate * (1 + i % 3))
+    body = _body(dumps(slot, KEY))
+    champion = body["champion"]
+    assert isinstance(champion, dict)
+    del champion["last_sample"]
+    loaded = loads(_signed(json.dumps(body).encode()), KEY)
+    x = {"estimate_ms": 100.0}
+    assert [loaded.predict(w, x) for w in WORKERS] == pytest.approx(
+        [slot.predict(w, x) for w in WORKERS]
+    )
+    assert loaded.predict("w2", x) == pytest.approx(300.0, rel=0.01)
