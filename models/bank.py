@@ -181,8 +181,8 @@ class ModelBank:
         if self._shares(worker) and worker not in self._one_hot:
             self._set_shared_workers([*self._one_hot, worker])
         error = abs(self.predict(worker, x) - y)
-        # Stale: learn on from the faded factor its predictions showed (a new model takes its
-        # first outcome whole, as before).
+        # Stale: the faded factor its predictions showed becomes the learned one, its faded
+        # share as uncertain as a new model's (``fade``), so this outcome replaces that share.
         weight = self._fade(key, model) if key in self._last_sample else 1.0
         if weight < 1.0:
             try:

@@ -121,12 +121,18 @@ class RatioResidual(base.Regressor):
         return math.expm1(log_factor) * self._estimate(x)
 
     def fade(self, weight: float, fleet_log_factor: float) -> None:
-        """Keep the faded factor (``predict_faded``) as the learned one: the bank calls this
-        before a stale worker's next outcome, which then moves the factor from where its
-        predictions had faded to, not from where they were before it went stale."""
+        """Keep the faded factor (``predict_faded``) as the learned one, and as uncertain as
+        it is faded: the bank calls this before a stale worker's next outcome, which then
+        counts for the faded share (``1 - weight``) whole and for the rest as any outcome
+        does. So a worker that recovered from a stall is priced by what it does now, and one
+        that is still slow is priced out again at once, not from a factor half-way to the
+        fleet's."""
         state = self._log_mean.state()
         faded = weight * state["theta"] + (1.0 - weight) * fleet_log_factor
-        self._log_mean.load_state({"theta": faded, "p": state["p"]})
+        lam, p = self.forgetting, state["p"]
+        gain = 1.0 - weight * lam / (lam + p)  # the next outcome's weight (k = p / (lam + p))
+        p = self.p0 if gain >= 1.0 else min(self.p0, gain * lam / (1.0 - gain))
+        self._log_mean.load_state({"theta": faded, "p": max(p, state["p"])})
 
     def learned(self) -> dict[str, float]:
         """What the model holds, for operators: "worker X runs at 2.1x the estimate"."""

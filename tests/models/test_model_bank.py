@@ -352,3 +352,21 @@ def test_a_worker_added_to_a_fast_fleet_starts_at_the_fleets_factor() -> None:
     assert bank.predict("new", x) == pytest.approx(-50.0, abs=1e-6)
     bank.learn("new", x, 100.0)  # its own first outcome (2x the estimate) counts whole
     assert bank.predict("new", x) == pytest.approx(100.0, rel=1e-3)
+
+
+def test_a_stale_worker_that_is_still_slow_is_priced_out_again_at_once() -> None:
+    """The faded share of a factor is a guess: the worker's next outcome replaces it whole
+    (and moves the rest at the usual gain), so one still slow is not priced half-way to the
+    fleet for several more outcomes, and one that recovered is priced by what it does now."""
+    x = {"estimate_ms": 100.0}
+    bank = ModelBank("ratio")
+    bank.learn("slow", x, 900.0)  # 10x the estimate
+    for _ in range(40):  # two workers: 40 outcomes since its last, its own factor at 1/4
+        bank.learn("busy", x, 0.0)
+    assert bank.predict("slow", x) == pytest.approx((10**0.25 - 1) * 100.0, rel=0.02)
+    bank.learn("slow", x, 900.0)  # still 10x
+    # Its gain is 1 - 1/4 x (1 - 1/1.9) = 0.88, not the usual 1/1.9 after one outcome: log
+    # factor 0.58 -> 0.58 + 0.88 x (2.30 - 0.58) = 2.10, 8.2x (from the faded one: 4.4x).
+    assert bank.status()["per_worker_learned"]["slow"]["factor"] == pytest.approx(8.2, rel=0.02)
+    bank.learn("slow", x, 0.0)  # recovered: at the estimate, the factor falls at the usual gain
+    assert bank.status()["per_worker_learned"]["slow"]["factor"] < 8.2

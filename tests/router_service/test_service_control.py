@@ -139,16 +139,21 @@ def test_removed_worker_gets_no_traffic_and_its_index_is_dropped(
     assert a.served() == served
     assert router.client.get("/health").json()["workers"].keys() == {b.url}
 
-    # Re-added, it starts from nothing: no index entries, no load, no learned model.
+    # Re-added, it starts from nothing: no index entries, no load, no learned model (it is
+    # priced at the fleet's learned factor, b's).
     assert router.control.post("/workers", json={"url": a.url}).status_code == 201
     views = {w["url"]: w for w in router.control.get("/workers").json()["workers"]}
     assert views[a.url]["index_units"] == 0
     assert views[a.url]["in_flight"] == 0
     explained = router.admin.post("/explain", json={"text": prompt}).json()
     cand = next(c for c in explained["candidates"] if c["worker"] == a.url)
+    peer = next(c for c in explained["candidates"] if c["worker"] == b.url)
     assert cand["cached"] == 0
     assert cand["queue_ms"] == 0.0
-    assert cand["residual_ms"] == 0.0
+    assert peer["residual_ms"] != 0.0
+    assert cand["residual_ms"] / cand["base_ms"] == pytest.approx(
+        peer["residual_ms"] / (peer["base_ms"] + peer["queue_ms"])
+    )
     per_worker = router.control.get("/models").json()["models"]["champion"]["per_worker_mae_ms"]
     assert a.url not in per_worker
 

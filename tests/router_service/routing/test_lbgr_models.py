@@ -195,7 +195,10 @@ def test_ratio_learns_each_workers_factor_from_the_estimate_lbgr_passes() -> Non
         assert decision.features is not None
         assert decision.features["estimate_ms"] == cand.base_ms + cand.queue_ms
     models = policy.models.champion._models
-    assert models[SLOW].factor == pytest.approx(3.0, rel=0.01)
+    # Within 5%, not exactly: it was last tried after its factor had faded toward the fleet's
+    # (1.0) while it got no outcomes, and one outcome takes the faded share back whole and the
+    # rest at the model's usual gain (``RatioResidual.fade``).
+    assert models[SLOW].factor == pytest.approx(3.0, rel=0.05)
     fast = [models[u] for u in URLS if u != SLOW and u in models]
     assert fast
     assert all(m.factor == pytest.approx(1.0, abs=0.02) for m in fast)
