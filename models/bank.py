@@ -111,11 +111,11 @@ class ModelBank:
 
     def predict(self, worker: str, x: Features) -> float:
         """Predicted residual (ms); 0 when the model fails. Never creates state."""
-        model = self._models.get(self._key(worker))
+        key = self._key(worker)
+        model = self._models.get(key)
         if model is None:  # not ``or``: a model may define ``__len__`` (a River pipeline does)
             model = self._override_protos.get(worker, self._default)
         try:
-            key = self._key(worker)
             weight = self._fade(key, model)
             if weight < 1.0:
                 fleet = self._fleet_log_factor(key, model, weight)
@@ -165,8 +165,9 @@ class ModelBank:
                     total += w * float(cast(FadingModel, m).log_factor)
                     weights += w
             sums = self._fleet_log = (self.samples, len(models), total, weights)
-        own = weight * float(model.log_factor) if key in self._models else 0.0
-        others = sums[3] - (weight if key in self._models else 0.0)
+        has_model = key in self._models  # else not among the sums
+        own = weight * float(model.log_factor) if has_model else 0.0
+        others = sums[3] - (weight if has_model else 0.0)
         if others <= 1e-9:
             return 0.0
         value = (sums[2] - own) / others
@@ -183,7 +184,7 @@ class ModelBank:
         error = abs(self.predict(worker, x) - y)
         # Stale: the faded factor its predictions showed becomes the learned one, its faded
         # share as uncertain as a new model's (``fade``), so this outcome replaces that share.
-        weight = self._fade(key, model) if key in self._last_sample else 1.0
+        weight = self._fade(key, model)
         if weight < 1.0:
             try:
                 cast(FadingModel, model).fade(weight, self._fleet_log_factor(key, model, weight))
@@ -252,8 +253,7 @@ class ModelBank:
                     # What routing prices now: the factor faded toward the fleet's (_fade).
                     weight = self._fade(worker, model)
                     fleet = self._fleet_log_factor(worker, model, weight) if weight < 1 else 0.0
-                    own = cast(FadingModel, model).log_factor
-                    values["factor_in_use"] = math.exp(weight * own + (1.0 - weight) * fleet)
+                    values["factor_in_use"] = cast(FadingModel, model).faded_factor(weight, fleet)
             except Exception:  # noqa: BLE001 - a status page must not fail on one model
                 continue
             out[worker] = values

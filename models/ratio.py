@@ -112,13 +112,19 @@ class RatioResidual(base.Regressor):
     def predict_one(self, x: Features) -> float:
         return math.expm1(self._log_mean.predict_one({})) * self._estimate(x)
 
+    def _faded_log(self, weight: float, fleet_log_factor: float) -> float:
+        return weight * self.log_factor + (1.0 - weight) * fleet_log_factor
+
+    def faded_factor(self, weight: float, fleet_log_factor: float) -> float:
+        """The factor faded toward the fleet's (``predict_faded``), for operators."""
+        return math.exp(self._faded_log(weight, fleet_log_factor))
+
     def predict_faded(self, x: Features, weight: float, fleet_log_factor: float) -> float:
         """The residual with the factor faded toward the fleet's: ``weight`` of this
         worker's log factor, the rest the fleet's (``ModelBank``, for a worker whose factor
         is old). Toward the fleet's, not toward 1: on a fleet faster than the prior (factors
         near 0.5) a factor faded to 1 would still price its worker out."""
-        log_factor = weight * self.log_factor + (1.0 - weight) * fleet_log_factor
-        return math.expm1(log_factor) * self._estimate(x)
+        return math.expm1(self._faded_log(weight, fleet_log_factor)) * self._estimate(x)
 
     def fade(self, weight: float, fleet_log_factor: float) -> None:
         """Keep the faded factor (``predict_faded``) as the learned one, and as uncertain as
@@ -128,7 +134,7 @@ class RatioResidual(base.Regressor):
         that is still slow is priced out again at once, not from a factor half-way to the
         fleet's."""
         state = self._log_mean.state()
-        faded = weight * state["theta"] + (1.0 - weight) * fleet_log_factor
+        faded = self._faded_log(weight, fleet_log_factor)  # state["theta"] is log_factor
         lam, p = self.forgetting, state["p"]
         gain = 1.0 - weight * lam / (lam + p)  # the next outcome's weight (k = p / (lam + p))
         p = self.p0 if gain >= 1.0 else min(self.p0, gain * lam / (1.0 - gain))
