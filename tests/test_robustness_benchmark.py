@@ -267,6 +267,10 @@ def test_the_quick_verdict_has_every_check_and_counts_missing_cells(quick: dict[
             assert "cell in this run" in c["reason"]
     by_target = {s["target"]: s for s in targets["summary"]}
     assert by_target["B"]["checks_met"] == 0
+    # every policy beside the baselines is scored the same way, the candidate's row included
+    by_policy = quick["doc"]["targets_by_policy"]
+    assert set(by_policy) == {"lbgr", "lbgr_paper"}
+    assert by_policy["lbgr"] == targets["summary"]
     assert all(
         s["checks_met"] == sum(c["met"] for c in checks if c["target"] == s["target"])
         for s in targets["summary"]

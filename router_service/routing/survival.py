@@ -26,11 +26,11 @@ cached tokens), the emulated cluster and the live router (the answers' counts).
 >>> for _ in range(50):  # entries sent 20 s ago were gone; those sent 1 s ago were there
 ...     s.observe("w", [(0, 100, 1_000.0), (100, 400, 20_000.0)], cached_units=100)
 >>> round(s.survival("w", 1_000.0), 2), round(s.survival("w", 20_000.0), 2)
-(1.0, 0.07)
+(1.0, 0.04)
 >>> round(s.expected("w", [(0, 100, 1_000.0), (100, 400, 20_000.0)]))
-121
+111
 >>> round(s.survival("w", 60_000.0), 2)  # older than anything seen: no likelier cached
-0.07
+0.04
 
 What an eviction costs is learned from the same answers: of the prompt units a worker had to
 prefill (everything it did not find cached), the share the index believed it held, i.e.
@@ -79,13 +79,18 @@ class CacheSurvival:
 
     ``memory`` is each octave's forgetting per answer that falls in it (0.97: about the last
     30 answers weigh), ``prior`` the pseudo-answers of "still cached" each octave starts with
-    and never loses (so a few misses do not write a worker's cache off, and a curve that fell
-    recovers once answers say the entries are there). ``slack_tokens``: a prefix counts as
-    found when the worker reports it short by at most this many tokens (the engine's page
-    rounding and the last prompt token, which SGLang recomputes even on a full hit).
+    and never loses (so a first miss does not write a worker's cache off, and a curve that fell
+    recovers once answers say the entries are there). It is also the curve's floor: answers
+    that never find an octave's entries take it to ``prior / (prior + 1 / (1 - memory))``,
+    2.9% with one pseudo-answer (5.7% with two, which the default was until 2026-12-06: on a
+    13k-token prompt that is 770 tokens believed where none are, and ``lbgr`` prices a cached
+    token's saving for every request its prefill would stall: ``docs/routing.md``).
+    ``slack_tokens``: a prefix counts as found when the worker reports it short by at most
+    this many tokens (the engine's page rounding and the last prompt token, which SGLang
+    recomputes even on a full hit).
     """
 
-    def __init__(self, memory: float = 0.97, prior: float = 2.0, slack_tokens: float = 16.0):
+    def __init__(self, memory: float = 0.97, prior: float = 1.0, slack_tokens: float = 16.0):
         if not 0.0 < memory < 1.0:
             raise ValueError(f"memory must be in (0, 1), got {memory!r}")
         if not prior > 0.0:

@@ -90,6 +90,19 @@ def test_a_curve_that_fell_recovers_when_answers_say_the_entries_are_there() -> 
     assert s.survival("w", 10_000.0) > 0.9
 
 
+def test_entries_that_never_survive_fall_to_the_priors_floor_and_one_miss_does_not() -> None:
+    s = CacheSurvival()
+    s.observe("w", [(0, 1000, 20_000.0)], cached_units=0)
+    # One miss: the octave's share halves (one pseudo-answer of trust), still counted whole.
+    assert s.survival("w", 20_000.0) == pytest.approx(0.5)
+    assert s.expected("w", [(0, 1000, 20_000.0)], whole_from=0.2) == 1000
+    for _ in range(300):  # a cycle larger than the cache: nothing comes back
+        s.observe("w", [(0, 1000, 20_000.0)], cached_units=0)
+    floor = 1.0 / (1.0 + 1.0 / (1.0 - 0.97))
+    assert s.survival("w", 20_000.0) == pytest.approx(floor, rel=0.01)
+    assert s.expected("w", [(0, 1000, 20_000.0)], whole_from=0.2) < 30  # of 1,000 believed
+
+
 def test_bad_answers_teach_nothing_and_bad_settings_are_refused() -> None:
     s = CacheSurvival()
     for bad in (-1.0, math.nan, math.inf):
