@@ -82,9 +82,9 @@ class CacheSurvival:
     and never loses (so a first miss does not write a worker's cache off, and a curve that fell
     recovers once answers say the entries are there). It is also the curve's floor: answers
     that never find an octave's entries take it to ``prior / (prior + 1 / (1 - memory))``,
-    2.9% with one pseudo-answer (5.7% with two, which the default was until 2026-12-06: on a
-    13k-token prompt that is 770 tokens believed where none are, and ``lbgr`` prices a cached
-    token's saving for every request its prefill would stall: ``docs/routing.md``).
+    2.9% with one pseudo-answer (with two, 5.7%: on a 13k-token prompt 770 tokens believed
+    where none are, and ``lbgr`` prices a cached token's saving for every request its prefill
+    would stall: ``docs/routing.md``, *What survives*).
     ``slack_tokens``: a prefix counts as found when the worker reports it short by at most
     this many tokens (the engine's page rounding and the last prompt token, which SGLang
     recomputes even on a full hit).
