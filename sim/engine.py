@@ -5,7 +5,11 @@ The simulator drives it in simulated time and the emulated worker in real time; 
 KV) and ``finish_step`` when the step's duration has passed. Scheduling follows SGLang's
 defaults: FCFS, prefill first (a decode step runs only when no prefill batch can be formed),
 chunked prefill of at most ``chunked_prefill_tokens`` new tokens per step with one request
-in chunked prefill at a time, continuous batching up to ``max_running_requests``.
+in chunked prefill at a time, continuous batching up to ``max_running_requests``. As in
+SGLang 0.5.23, a chunked request's prefix enters the tree after each chunk (the scheduler's
+``stash_chunked_request`` -> ``checkpoint_kv_cache``), so a request admitted later matches
+it, and waiting requests fill what budget its last chunk leaves (``PrefillAdder`` goes on
+through the queue after ``add_chunked_req``).
 
 KV accounting follows SGLang's allocator: at admission a request reserves its uncached
 prompt tokens plus ``max_new_tokens`` (evicting if needed; a request that does not fit even
@@ -47,6 +51,7 @@ class EngineRequest:
     output: str = ""
     cached: int = 0
     prefilled: int = 0
+    in_tree: int = 0  # prompt tokens in the tree: the cached prefix, then each chunk's
     generated: int = 0
     reserved: int = 0
     lock_node: RadixNode | None = None
@@ -128,7 +133,9 @@ class WorkerEngine:
             chunks.append((req, n))
             budget -= n
         limit = self.profile.max_running_requests
-        while budget > 0 and self.waiting and self.chunked is None:
+        # A chunk that is not its request's last takes the whole budget: others join only
+        # the last one (and a request cut here becomes the next chunked request).
+        while budget > 0 and self.waiting:
             if len(self.running) + len(chunks) >= limit or not self._admit(self.waiting[0], now_ms):
                 break
             req = self.waiting.popleft()
@@ -154,7 +161,7 @@ class WorkerEngine:
             return False
         cache.reserve(need)
         cache.stats.record(req.prompt_tokens, cached)
-        req.cached = req.prefilled = cached
+        req.cached = req.prefilled = req.in_tree = cached
         req.reserved = need
         req.lock_node = match.node
         req.admitted_ms = now_ms
@@ -167,6 +174,7 @@ class WorkerEngine:
         for req, n in step.chunks:
             req.prefilled += n
             if req.prefilled < req.prompt_tokens:
+                self._checkpoint(req)
                 continue
             if self.chunked is req:
                 self.chunked = None
@@ -188,19 +196,34 @@ class WorkerEngine:
         self.busy = False
         return StepResult(first, finished)
 
+    def _checkpoint(self, req: EngineRequest) -> None:
+        """A chunk of ``req``'s prompt is computed: the prefix so far enters the tree, locked
+        by ``req`` (SGLang's ``checkpoint_kv_cache`` after each chunk), whole pages of it: the
+        rest stays in ``req``'s reservation until a later chunk completes the page."""
+        page = self.cache.page_size
+        length = req.prefilled // page * page
+        if length > req.in_tree:
+            self._to_tree(req, length)
+
     def _prefill_done(self, req: EngineRequest, now_ms: float) -> None:
         """The prompt's KV now lives in the tree, locked while the request decodes."""
+        self._to_tree(req, req.prompt_tokens)
+        req.generated = 1  # the prefill pass yields the first token
+        req.first_token_ms = now_ms
+
+    def _to_tree(self, req: EngineRequest, length: int) -> None:
+        """The first ``length`` prompt tokens enter the tree; ``req``'s lock moves to them
+        and their KV leaves its reservation."""
         cache = self.cache
-        inserted = cache.insert(req.prompt)
+        inserted = cache.insert(req.prompt[:length])
         cache.lock(inserted.node)
         assert req.lock_node is not None
         cache.unlock(req.lock_node)
         req.lock_node = inserted.node
-        prompt_part = req.prompt_tokens - req.cached
-        cache.release(prompt_part)
-        req.reserved -= prompt_part
-        req.generated = 1  # the prefill pass yields the first token
-        req.first_token_ms = now_ms
+        moved = length - req.in_tree
+        cache.release(moved)
+        req.reserved -= moved
+        req.in_tree = length
 
     def _finish(self, req: EngineRequest, now_ms: float) -> None:
         """Prompt + output (all but the last token, as SGLang) enter the tree; locks drop."""

@@ -144,10 +144,37 @@ def test_chunked_prefill_splits_a_long_prompt() -> None:
     while (step := eng.plan_step(0)) is not None:
         sizes.append([(r.rid, n) for r, n in step.chunks])
         eng.finish_step(step, 0)
-    # One request in chunked prefill at a time; b waits until a's chunks are done.
-    assert sizes == [[("a", 8)], [("a", 8)], [("a", 4)], [("b", 3)]]
+    # One request in chunked prefill at a time; b waits for a's last chunk and fills the
+    # budget it leaves (SGLang's PrefillAdder goes on through the queue after it).
+    assert sizes == [[("a", 8)], [("a", 8)], [("a", 4), ("b", 3)]]
     assert a.finished_ms == 0
     assert b.finished_ms == 0
+
+
+def test_a_chunked_prompt_enters_the_tree_chunk_by_chunk() -> None:
+    """SGLang checkpoints a chunked request's prefix into the tree after each chunk: a
+    request with the same prefix admitted beside the last chunk matches the earlier ones,
+    and is itself cut to the budget left, becoming the next chunked request."""
+    eng = engine(1_000, chunked_prefill_tokens=8)
+    a = EngineRequest("a", tokens(range(20)), max_new_tokens=2)
+    b = EngineRequest("b", tokens(range(20), range(100, 103)), max_new_tokens=1)
+    eng.submit(a, now_ms=0)
+    eng.submit(b, now_ms=0)
+    step = eng.plan_step(0)
+    assert step is not None
+    eng.finish_step(step, 10)
+    assert eng.cache.peek_prefix(a.prompt) == 8  # the first chunk is in the tree
+    assert eng.cache.evictable_tokens == 0  # and locked by a, which is still prefilling
+    assert a.reserved == 20 - 8 + 2
+    sizes = []
+    while (step := eng.plan_step(10)) is not None:
+        sizes.append([(r.rid, n) for r, n in step.chunks])
+        eng.finish_step(step, 10)
+    assert sizes[:3] == [[("a", 8)], [("a", 4), ("b", 4)], [("b", 3)]]
+    assert (a.cached, b.cached) == (0, 16)
+    assert eng.cache.reserved_tokens == eng.cache.protected_tokens == 0
+    assert eng.cache.total_tokens == 23 + 1  # b's prompt, then a's prompt and first answer token
+    eng.cache.check_invariants()
 
 
 def test_max_running_requests_caps_the_batch() -> None:
