@@ -9,6 +9,8 @@ from dataclasses import replace
 import pytest
 
 from engine_ext.cache import RadixCache
+from router_service.kv_wire import BlockStored
+from sim.cache_events import EventedRadixCache
 from sim.engine import EngineRequest, RequestTooLarge, StepResult, WorkerEngine
 from sim.profiles import PROFILES, ServiceProfile, get_profile
 from sim.tokens import ids_to_key
@@ -294,3 +296,19 @@ def test_flush_is_refused_while_requests_are_in_the_worker() -> None:
     assert eng.cache.total_tokens > 0
     assert eng.flush()
     assert eng.cache.total_tokens == 0
+
+
+def test_each_chunk_publishes_its_pages_as_it_enters_the_tree() -> None:
+    """The KV events of a chunked prompt: a ``BlockStored`` after each chunk (SGLang's
+    checkpoint), so a router reading them sees the prefix grow before the first token."""
+    cache = EventedRadixCache(1_000, "lru", page_size=4, rng=random.Random(0))
+    eng = WorkerEngine(replace(ROUND, chunked_prefill_tokens=8), cache)
+    cache.events.take()  # its AllBlocksCleared
+    a = EngineRequest("a", tokens(range(20)), max_new_tokens=1)
+    eng.submit(a, now_ms=0)
+    stored_pages = []
+    while (step := eng.plan_step(0)) is not None:
+        eng.finish_step(step, 0)
+        events = cache.events.take()
+        stored_pages.append(sum(len(e.block_hashes) for e in events if isinstance(e, BlockStored)))
+    assert stored_pages == [2, 2, 1]  # 8 tokens, 8 more, then the last 4: pages of 4
