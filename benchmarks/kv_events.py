@@ -10,7 +10,9 @@ Five parts, one JSON (``results/kv_events.json``) and markdown tables on stdout:
   router's ``EventStream`` and ``BlockSets``), under LRU and RLT, for GSP and the Mooncake
   synthetic trace. Per run: the mean absolute error of the cached tokens the router
   predicted on the chosen worker against what the worker reported, the share over-predicted
-  by more than a page, the hit rate, p50 and p95 latency.
+  by more than a page, the hit rate, p50 and p95 latency. GSP runs four seeds, Mooncake four
+  windows of the trace (three seeds each with RLT, whose random evictions make a window's
+  figures move; ``sim_seeds``).
 - **accuracy, emulated** (``emulated``): emulated SGLang workers (``kvroute emulate``, real
   processes) publish their events over ZMQ; the router's core subscribes with the service's
   ``KVEventFeed`` and routes GSP requests (``input_ids``) to them over HTTP. Each request is
@@ -107,8 +109,17 @@ def sim_workload(name: str, quick: bool, variant: int = 0) -> Workload:
 SIM_INDEXES = ("approximate", "approximate + survival", "events")
 
 
-def sim_run(job: tuple[str, str, str, bool, int]) -> dict[str, Any]:
-    workload_name, eviction, index, quick, variant = job
+def sim_seeds(workload: str, eviction: str, variant: int) -> tuple[int, ...]:
+    """The seeds of a run: one per GSP variant (its seed draws the workload too) and per
+    Mooncake window with LRU (deterministic: a seed changes nothing); three per Mooncake
+    window with RLT, whose draws decide which prefixes survive."""
+    if workload == "mooncake" and eviction == "rlt":
+        return (variant, variant + 10, variant + 20)
+    return (variant,)
+
+
+def sim_run(job: tuple[str, str, str, bool, int, int]) -> dict[str, Any]:
+    workload_name, eviction, index, quick, variant, seed = job
     workload = sim_workload(workload_name, quick, variant)
     config = ClusterConfig(
         workers=4,
@@ -116,7 +127,7 @@ def sim_run(job: tuple[str, str, str, bool, int]) -> dict[str, Any]:
         page_size=PAGE,
         kv_events=index == "events",
         policy_params={"learn_cache": index != "approximate"},
-        seed=variant,
+        seed=seed,
     )
     started = time.perf_counter()
     run = simulate(config, workload)
@@ -126,6 +137,7 @@ def sim_run(job: tuple[str, str, str, bool, int]) -> dict[str, Any]:
         "eviction": eviction,
         "index": index,
         "variant": variant,
+        "seed": seed,
         **accuracy([(r.predicted_cached or 0, r.cached_tokens) for r in done]),
         "hit_rate": _hit_rate(done),
         "p50_ms": pct([r.latency_ms or 0.0 for r in done], 0.5),
@@ -185,12 +197,16 @@ async def emulated(eviction: str, quick: bool) -> dict[str, Any]:
             await asyncio.to_thread(wait_healthy, url, 90.0, proc)
         blocks = BlockSets()
         router = Router(make_policy("lbgr"), blocks=blocks)
-        feed = KVEventFeed(blocks, lambda: time.monotonic() * 1000.0)
+        info = aiohttp.ClientSession()  # the feed reads each worker's chunk size, as the service's
+        feed = KVEventFeed(blocks, lambda: time.monotonic() * 1000.0, session=lambda: info)
         for url, source in feed_sources.items():
             feed.add(url, source)
         feed.start()
         deadline = time.monotonic() + 10
-        while any(blocks.workers[u].status != "live" for u in workers):
+        while any(
+            blocks.workers[u].status != "live" or blocks.workers[u].chunk_tokens is None
+            for u in workers
+        ):
             if time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
@@ -233,6 +249,7 @@ async def emulated(eviction: str, quick: bool) -> dict[str, Any]:
             probe = workload[-1]
             print(blocks.match("dbg", probe.prompt, workers), len(blocks.holders), file=sys.stderr)
         await feed.stop()
+        await info.close()
         return {
             "eviction": eviction,
             "events": accuracy(exact),  # requests whose worker was read from its events
@@ -502,17 +519,18 @@ def main() -> int:
         print(json.dumps(figures["hash"], indent=1))
     if "sim" in args.parts:
         jobs = [
-            (w, e, index, args.quick, variant)
+            (w, e, index, args.quick, variant, seed)
             for w in ("gsp", "mooncake")
             if w == "gsp" or TRACE.exists()
             for e in ("lru", "rlt")
             for index in SIM_INDEXES
             for variant in SIM_VARIANTS
+            for seed in sim_seeds(w, e, variant)
         ]
         figures["sim"] = [sim_run(job) for job in jobs]
         figures["sim_summary"] = sim_summary(figures["sim"])
         cols = ["workload", "eviction", "index", "mae_tokens", "over_page_share", "hit_rate"]
-        print(table(figures["sim"], ["variant", *cols, "p50_ms", "p95_ms", "failed"]))
+        print(table(figures["sim"], ["variant", "seed", *cols, "p50_ms", "p95_ms", "failed"]))
         ranged = [f"{c}_range" for c in ("over_page_share", "hit_rate", "p50_ms", "p95_ms")]
         print(table(figures["sim_summary"], [*cols, "p50_ms", "p95_ms", *ranged, "runs"]))
     if "emulated" in args.parts:

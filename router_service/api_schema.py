@@ -282,7 +282,8 @@ class WorkerAnswer(BaseModel):
     )
     kv_events: dict[str, Any] | None = Field(
         None,
-        description="the worker's KV-event stream (endpoint, replay, status, page_size, blocks, "
+        description="the worker's KV-event stream (endpoint, replay, status, page_size, "
+        "chunk_tokens, blocks, "
         "counters); null without one",
     )
     kv_events_discovery: str | None = Field(

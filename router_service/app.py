@@ -117,7 +117,9 @@ def _build_state(settings: Settings) -> ServiceState:
         state.worker_load = MetricsPoller(lambda: state.http(), state.own_load)
     state.metrics = Metrics(state.snapshot, state.replica_id)
     assert state.router.blocks is not None
-    state.kv_feed = feed_from_settings(settings, state.router.blocks, state.now_ms)
+    state.kv_feed = feed_from_settings(
+        settings, state.router.blocks, state.now_ms, lambda: state.http()
+    )
     state.metrics.registry.register(state.kv_feed.collector())
     if settings.kv_events_discover:
         state.kv_discovery = EventDiscovery(

@@ -11,6 +11,9 @@ and a task that fails is logged and restarted.
 
 Every replica subscribes itself: prefix knowledge of a worker with events comes from the
 worker, not from the other replicas (the Redis index sync is for workers without events).
+Each time it subscribes to a worker the feed also reads the worker's chunk size
+(``chunked_prefill_size`` in its ``/server_info``; ``BlockSets.set_chunk``); a worker that
+does not say is matched as if it stored a request's prompt whole.
 
 >>> parse_source("tcp://10.0.0.5:5557,tcp://10.0.0.5:5558")
 EventSource(endpoint='tcp://10.0.0.5:5557', replay='tcp://10.0.0.5:5558')
@@ -20,6 +23,8 @@ EventSource(endpoint='tcp://10.0.0.5:5557', replay='tcp://10.0.0.5:5558')
 ...     "endpoint_host": "*", "endpoint_port_base": 5557, "replay_endpoint_port_base": 5558,
 ...     "dp_size": 1, "block_size": 16, "topic": ""}})
 EventSource(endpoint='tcp://10.0.0.5:5557', replay='tcp://10.0.0.5:5558')
+>>> chunk_from_server_info({"chunked_prefill_size": 8192}), chunk_from_server_info({})
+(8192, None)
 """
 
 from __future__ import annotations
@@ -54,8 +59,10 @@ __all__ = [
     "EventSource",
     "KVEventFeed",
     "allowed_source",
+    "chunk_from_server_info",
     "disallowed_host",
     "feed_from_settings",
+    "fetch_server_info",
     "parse_source",
     "parse_worker_events",
     "source_from_server_info",
@@ -124,15 +131,20 @@ def parse_worker_events(items: Iterable[str]) -> dict[str, EventSource]:
 
 
 def feed_from_settings(
-    settings: Settings, blocks: BlockSets, now_ms: Callable[[], float]
+    settings: Settings,
+    blocks: BlockSets,
+    now_ms: Callable[[], float],
+    session: Callable[[], aiohttp.ClientSession] | None = None,
 ) -> KVEventFeed:
     """The replica's feed, subscribed to the workers of ``--worker-kv-events`` (more come
-    with ``POST /workers``)."""
+    with ``POST /workers``); ``session`` reads each worker's chunk size."""
     feed = KVEventFeed(
         blocks,
         now_ms,
         replay_timeout_s=settings.kv_events_replay_timeout_s,
         max_message_bytes=settings.kv_events_max_message_bytes,
+        session=session,
+        info_timeout_s=settings.health_timeout_s,
     )
     for url, source in parse_worker_events(settings.worker_kv_events).items():
         feed.add(url, source)
@@ -209,6 +221,35 @@ def source_from_server_info(worker_url: str, info: Any) -> EventSource:
     return parse_source(f"{endpoint},tcp://{host}:{port('replay_endpoint_port_base')}")
 
 
+def chunk_from_server_info(info: Any) -> int | None:
+    """The most new tokens the worker prefills in a step (SGLang's ``chunked_prefill_size``);
+    None when it does not say, or does not chunk (-1)."""
+    size = info.get("chunked_prefill_size") if isinstance(info, dict) else None
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        return None
+    return size
+
+
+async def fetch_server_info(
+    session: aiohttp.ClientSession, url: str, timeout_s: float, max_bytes: int
+) -> Any:
+    """SGLang's ``/server_info`` (``/get_server_info`` on versions before the rename);
+    redirects are not followed and the body is read up to ``max_bytes``."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    for path in ("/server_info", "/get_server_info"):
+        get = session.get(url + path, timeout=timeout, allow_redirects=False)
+        async with get as resp:
+            if resp.status == 404:
+                continue
+            if resp.status != 200:
+                raise ValueError(f"GET {path} answered {resp.status}")
+            raw = await read_at_most(resp, max_bytes)
+            if len(raw) > max_bytes:
+                raise ValueError(f"GET {path} is larger than {max_bytes} bytes")
+            return json.loads(raw)
+    raise ValueError("it serves neither /server_info nor /get_server_info")
+
+
 class EventDiscovery:
     """Subscribes to the events of workers that describe their publisher (``/server_info``'s
     ``kv_events``, SGLang's since it added the descriptor; the emulated worker's too).
@@ -239,21 +280,7 @@ class EventDiscovery:
         self.outcomes: dict[str, str] = {}  # url -> "subscribed" or why not
 
     async def _server_info(self, url: str) -> Any:
-        """SGLang's ``/server_info`` (``/get_server_info`` on versions before the rename);
-        redirects are not followed and the body is read up to ``max_info_bytes``."""
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        for path in ("/server_info", "/get_server_info"):
-            get = self._session().get(url + path, timeout=timeout, allow_redirects=False)
-            async with get as resp:
-                if resp.status == 404:
-                    continue
-                if resp.status != 200:
-                    raise ValueError(f"GET {path} answered {resp.status}")
-                raw = await read_at_most(resp, self.max_info_bytes)
-                if len(raw) > self.max_info_bytes:
-                    raise ValueError(f"GET {path} is larger than {self.max_info_bytes} bytes")
-                return json.loads(raw)
-        raise ValueError("it serves neither /server_info nor /get_server_info")
+        return await fetch_server_info(self._session(), url, self.timeout_s, self.max_info_bytes)
 
     async def check(self, url: str) -> None:
         """Ask ``url`` once, unless it has a stream already."""
@@ -309,9 +336,14 @@ class KVEventFeed:
         replay_timeout_s: float = 5.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         refresh_s: float = 1.0,
+        session: Callable[[], aiohttp.ClientSession] | None = None,
+        info_timeout_s: float = 2.0,
     ) -> None:
         self.blocks = blocks
         self.now_ms = now_ms
+        self._session = session  # reads each worker's chunk size; None: not read
+        self.info_timeout_s = info_timeout_s
+        self.chunk_reasons: dict[str, str] = {}  # url -> why its chunk size is not known
         self.replay_timeout_s = replay_timeout_s
         self.max_message_bytes = max_message_bytes
         self.refresh_s = refresh_s
@@ -345,6 +377,7 @@ class KVEventFeed:
         if task is not None:
             task.cancel()
         del self.sources[url], self.streams[url]
+        self.chunk_reasons.pop(url, None)
         self.blocks.remove(url)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -380,6 +413,7 @@ class KVEventFeed:
     async def _supervise(self, url: str) -> None:
         while True:
             try:
+                await self._learn_chunk(url)
                 await self._subscribe(url)
             except asyncio.CancelledError:
                 raise
@@ -391,6 +425,26 @@ class KVEventFeed:
                 await asyncio.sleep(1.0)
 
     # -- one worker ------------------------------------------------------------------------
+    async def _learn_chunk(self, url: str) -> None:
+        """Read ``url``'s chunk size from its ``/server_info`` (best effort: without it the
+        worker's requests in flight count their pages whole)."""
+        if self._session is None:
+            return
+        try:
+            info = await fetch_server_info(self._session(), url, self.info_timeout_s, 1 << 20)
+            chunk = chunk_from_server_info(info)
+            reason = None if chunk is not None else "its server info names no chunked_prefill_size"
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            chunk, reason = None, str(exc) or type(exc).__name__
+        if url not in self.sources:
+            return  # removed while it asked
+        self.blocks.set_chunk(url, chunk)
+        if reason is None:
+            self.chunk_reasons.pop(url, None)
+        elif self.chunk_reasons.get(url) != reason:
+            log.info("chunk size of %s unknown (%s): pages count whole", url, reason)
+            self.chunk_reasons[url] = reason
+
     async def _subscribe(self, url: str) -> None:
         assert self._ctx is not None
         source, stream = self.sources[url], self.streams[url]

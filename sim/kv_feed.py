@@ -3,7 +3,8 @@
 Each simulated worker's cache records its events (``sim.cache_events``); after every
 scheduler step they are encoded as one SGLang batch with its sequence number and, after
 ``delay_ms`` of simulated time (the publisher's hop), handed as ZMQ-shaped frames to the
-same ``EventStream`` and ``BlockSets`` the service's feed uses. Only the sockets differ.
+same ``EventStream`` and ``BlockSets`` the service's feed uses, with each worker's chunk
+size (what the service reads from its ``/server_info``). Only the sockets differ.
 
 Staleness runs on the simulated clock: ``refresh`` is called on each arrival.
 """
@@ -39,6 +40,7 @@ class SimEventFeed:
             raise TypeError(f"{worker.url}: KV events need an EventedRadixCache")
         url = worker.url
         self.blocks.add(url)
+        self.blocks.set_chunk(url, worker.profile.chunked_prefill_tokens)  # its /server_info's
         stream = EventStream(url, self.blocks, can_replay=False)
         stream.begin(self.env.now_ms)
         self.streams[url] = stream

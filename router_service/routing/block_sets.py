@@ -18,7 +18,11 @@ ago is still queued or prefilling, and the next one with the same prefix would f
 So the router also counts the pages of its own requests in flight on each worker (``open``
 when it sends one, ``close`` when it ends, as SGLang's router and Dynamo's keep their active
 sequences): a worker holds a page for matching if its events stored it or a request in flight
-there carries it.
+there carries it. Not all of them, when the worker's chunk size is known (``set_chunk``: its
+``chunked_prefill_size``): SGLang stores a chunked prompt's prefix after each chunk, and a
+request it admits beside the last chunk (or beside a prompt's only chunk) finds what the
+earlier chunks stored, not that chunk. So a request in flight counts its pages only up to
+where its last chunk starts; the rest counts once its events store it.
 
 Whether a worker's events can be trusted now is its ``status``: ``connecting`` (no event
 yet since its stream (re)started), ``live``, ``disconnected`` (the feed says so), or
@@ -44,6 +48,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from router_service.kv_wire import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
@@ -61,6 +66,7 @@ class WorkerBlocks:
 
     slot: int
     page_size: int | None = None
+    chunk_tokens: int | None = None  # the worker's chunked_prefill_size, if known
     blocks: int = 0
     status: str = "connecting"
     reason: str | None = "no event yet"
@@ -77,6 +83,7 @@ class WorkerBlocks:
             "status": self.status,
             "reason": self.reason,
             "page_size": self.page_size,
+            "chunk_tokens": self.chunk_tokens,
             "blocks": self.blocks,
             "batches": self.batches,
             "stored": self.stored,
@@ -125,14 +132,30 @@ class BlockSets:
                 self.close(request_id)
             del self.workers[url]
 
+    def set_chunk(self, url: str, tokens: int | None) -> None:
+        """``url`` prefills at most ``tokens`` new tokens a step (None: not known)."""
+        worker = self.workers.get(url)
+        if worker is not None:
+            worker.chunk_tokens = tokens if tokens is None or tokens > 0 else None
+
     # -- the router's own requests in flight -------------------------------------------------
-    def open(self, request_id: str, url: str, key: str | Sequence[int]) -> None:
-        """``url`` was sent the token sequence ``key``: its pages count as held there until
-        ``close`` (the worker stores them when it prefills)."""
+    def open(
+        self, request_id: str, url: str, key: str | Sequence[int], cached_tokens: int = 0
+    ) -> None:
+        """``url`` was sent the token sequence ``key``, of which it was predicted to hold
+        ``cached_tokens``: its pages count as held there until ``close`` (the worker stores
+        them as it prefills), up to where its last chunk starts when the worker's chunk
+        size is known."""
         worker = self.workers.get(url)
         if worker is None or worker.page_size is None or request_id in self._open:
             return
-        hashes = list(self._hashes(request_id, key, worker.page_size))
+        pages: Iterable[int] = self._hashes(request_id, key, worker.page_size)
+        chunk = worker.chunk_tokens
+        if chunk is not None:
+            cached = min(max(0, cached_tokens), len(key))
+            chunks = max(1, -(-(len(key) - cached) // chunk))  # ceil; one for a cached prompt
+            pages = islice(pages, (cached + (chunks - 1) * chunk) // worker.page_size)
+        hashes = list(pages)
         slot, bit = worker.slot, 1 << worker.slot
         counts, pending = self._pending_counts, self.pending
         for block in hashes:

@@ -254,7 +254,8 @@ class Router:
             # answer shows the prefill done (first_token, complete). Until it ends, its pages
             # count as the worker's (it stores them as it prefills).
             self._stores[decision.decision_id] = _Stores(chosen, uncached, now_ms)
-            self.blocks.open(decision.decision_id, chosen, request.key)
+            cached_tokens = int((request.units - uncached) * request.tokens_per_unit)
+            self.blocks.open(decision.decision_id, chosen, request.key, cached_tokens)
         self.policy.commit(decision)
         self.index.insert(self.index_key(request), chosen, now_ms)
         self.ledger.open(

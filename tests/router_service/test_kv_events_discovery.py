@@ -253,3 +253,39 @@ def test_a_round_that_fails_does_not_end_discovery() -> None:
 
     asyncio.run(run())
     assert len(rounds) >= 3
+
+
+# -- the chunk size the feed reads from each worker it subscribes to -----------------------------
+def _learn(**serves: Any) -> tuple[KVEventFeed, str]:
+    """A feed with one worker (no socket opened) reads that worker's ``/server_info``."""
+
+    async def run() -> tuple[KVEventFeed, str]:
+        server = InfoServer()
+        for key, value in serves.items():
+            setattr(server, key, value)
+        async with server, aiohttp.ClientSession() as session:
+            feed = KVEventFeed(BlockSets(), lambda: 0.0, session=lambda: session)
+            feed.add(server.url, EventSource("tcp://127.0.0.1:5557", None))
+            await feed._learn_chunk(server.url)
+            return feed, server.url
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize(("size", "known"), [(8192, 8192), (-1, None), ("8192", None)])
+def test_the_feed_reads_each_workers_chunk_size(size: Any, known: int | None) -> None:
+    feed, url = _learn(body={**described(), "chunked_prefill_size": size})
+    assert feed.blocks.workers[url].chunk_tokens == known
+    assert (url in feed.chunk_reasons) == (known is None)
+
+
+@pytest.mark.parametrize(
+    ("serves", "says"),
+    [({"path": "/health"}, "neither /server_info"), ({"status": 503}, "answered 503")],
+)
+def test_a_worker_that_does_not_say_counts_its_pages_whole_and_says_why(
+    serves: dict[str, Any], says: str
+) -> None:
+    feed, url = _learn(**serves)
+    assert feed.blocks.workers[url].chunk_tokens is None
+    assert says in feed.chunk_reasons[url]

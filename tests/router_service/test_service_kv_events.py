@@ -154,6 +154,9 @@ def test_explain_says_which_source_each_candidate_used(
     listed = {w["url"]: w for w in control(router).get("/workers").json()["workers"]}
     assert listed[worker]["kv_events"]["status"] == "live"
     assert listed[without.url]["kv_events"] is None
+    # The chunk size it read from the worker's own /server_info (the emulator's profile's).
+    chunk = with_events.app[RUNTIME].profile.chunked_prefill_tokens
+    assert listed[worker]["kv_events"]["chunk_tokens"] == chunk == 8192
 
 
 def test_a_worker_whose_events_stop_falls_back_and_says_so(

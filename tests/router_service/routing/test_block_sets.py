@@ -234,3 +234,30 @@ def test_pages_of_requests_in_flight_count_until_they_end() -> None:
     sets.open("r3", "b", ids)
     sets.remove("b")
     assert sets.pending == {}
+
+
+def test_with_the_workers_chunk_size_a_request_in_flight_counts_all_but_its_last_chunk() -> None:
+    """SGLang stores a chunked prompt after each chunk; a request admitted beside the last
+    chunk (or a prompt's only one) finds what the earlier chunks stored, not that chunk."""
+    sets = BlockSets()
+    sets.add("w")
+    sets.apply("w", batch(stored([1, 2])), 0.0)  # page size 2; the first page is held
+    sets.set_chunk("w", 4)
+    ids = list(range(1, 13))  # 12 tokens, 2 of them cached: chunks of 4, 4 and 2
+    sets.open("r1", "w", ids, cached_tokens=2)
+    assert sets.match("p1", ids, ["w"])[0] == {"w": 10}  # the first two chunks, not the last
+    sets.close("r1")
+    sets.open("r2", "w", ids[:6], cached_tokens=2)  # one chunk: only what is stored counts
+    assert sets.match("p2", ids, ["w"])[0] == {"w": 2}
+    sets.close("r2")
+    sets.open("r3", "w", ids[:10], cached_tokens=2)  # 8 new tokens: two whole chunks
+    assert sets.match("p3", ids, ["w"])[0] == {"w": 6}
+    sets.close("r3")
+    for unknown in (None, 0, -1):  # not known, or the worker does not chunk: all pages count
+        sets.set_chunk("w", unknown)
+        assert sets.workers["w"].chunk_tokens is None
+        sets.open("r4", "w", ids, cached_tokens=2)
+        assert sets.match(f"p4{unknown}", ids, ["w"])[0] == {"w": 12}
+        sets.close("r4")
+    assert sets.pending == {}
+    assert sets.status()["w"]["chunk_tokens"] is None
