@@ -40,6 +40,7 @@ from kvroute.engine_launch import (
     model_dir,
     vocab_size,
 )
+from router_service.kv_events import chunk_from_server_info
 from sim.workloads.gsp import GSPConfig, GSPWorkload
 
 POOL_TOKENS = 2400
@@ -402,6 +403,9 @@ def test_the_workers_kv_events_tell_the_router_what_they_cache(cluster: EngineCl
     for url, stream in streams.items():
         assert stream["status"] == "live"
         assert stream["page_size"] == 1  # SGLang's default page on a CPU
+        # The chunk size the router read from the worker's own /server_info, as SGLang gives it.
+        with urllib.request.urlopen(f"{url}/server_info", timeout=30) as resp:
+            assert stream["chunk_tokens"] == chunk_from_server_info(json.load(resp))
         assert stream["removed"] >= evicted[url]
         assert 0 < stream["blocks"] <= POOL_TOKENS
         assert stream["malformed"] == 0
