@@ -76,13 +76,15 @@ def test_the_router_reads_vllm_load_gauges(cluster: EngineCluster) -> None:
     idle = _load(worker)
     assert idle.requests == 0
     assert idle.kv_tokens is not None
-    body = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 256, "temperature": 0}
+    # Enough work to outlast several reads of /metrics: on 2 busy cores one read can take as
+    # long as 4 answers of 256 tokens (the CI run of 2026-12-06 read once, after they ended).
+    body = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 1024, "temperature": 0}
     seen: list[float] = []
 
     def send() -> None:
         post_json(cluster.router_url + "/v1/completions", {**body, "ignore_eos": True})
 
-    senders = [threading.Thread(target=send) for _ in range(4)]
+    senders = [threading.Thread(target=send) for _ in range(8)]
     for t in senders:
         t.start()
     while any(t.is_alive() for t in senders) and len(seen) < 200:
