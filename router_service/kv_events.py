@@ -221,6 +221,9 @@ def source_from_server_info(worker_url: str, info: Any) -> EventSource:
     return parse_source(f"{endpoint},tcp://{host}:{port('replay_endpoint_port_base')}")
 
 
+MAX_INFO_BYTES = 1 << 20  # the most of a worker's /server_info read (SGLang's lists every argument)
+
+
 def chunk_from_server_info(info: Any) -> int | None:
     """The most new tokens the worker prefills in a step (SGLang's ``chunked_prefill_size``);
     None when it does not say, or does not chunk (-1)."""
@@ -269,7 +272,7 @@ class EventDiscovery:
         *,
         registered: Callable[[str], bool] = lambda url: True,
         timeout_s: float = 2.0,
-        max_info_bytes: int = 1 << 20,
+        max_info_bytes: int = MAX_INFO_BYTES,
     ) -> None:
         self.feed = feed
         self._session = session
@@ -431,7 +434,9 @@ class KVEventFeed:
         if self._session is None:
             return
         try:
-            info = await fetch_server_info(self._session(), url, self.info_timeout_s, 1 << 20)
+            info = await fetch_server_info(
+                self._session(), url, self.info_timeout_s, MAX_INFO_BYTES
+            )
             chunk = chunk_from_server_info(info)
             reason = None if chunk is not None else "its server info names no chunked_prefill_size"
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:

@@ -241,7 +241,8 @@ class Router:
         chosen = decision.chosen
         if now_ms > self.clock_ms:
             self.clock_ms = now_ms
-        uncached = request.units - self.cached_for(request, chosen)
+        cached = self.cached_for(request, chosen)
+        uncached = request.units - cached
         if self.learns_cache:  # learn from its answer what survived and what came back
             self._matched_on[decision.decision_id] = (
                 self._last_segments.get(chosen, []),
@@ -254,7 +255,7 @@ class Router:
             # answer shows the prefill done (first_token, complete). Until it ends, its pages
             # count as the worker's (it stores them as it prefills).
             self._stores[decision.decision_id] = _Stores(chosen, uncached, now_ms)
-            cached_tokens = int((request.units - uncached) * request.tokens_per_unit)
+            cached_tokens = int(cached * request.tokens_per_unit)
             self.blocks.open(decision.decision_id, chosen, request.key, cached_tokens)
         self.policy.commit(decision)
         self.index.insert(self.index_key(request), chosen, now_ms)
