@@ -9,10 +9,12 @@ SGLang tier, in vLLM's own virtualenv (``scripts/real_engine_setup.sh --vllm``).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from real_traffic import openai_answers, post_json
@@ -69,30 +71,64 @@ def test_prefix_cache_hits_through_the_router(cluster: EngineCluster) -> None:
     assert cached[1] <= prompt_tokens
 
 
+def _stream(url: str, body: dict[str, Any], marks: dict[str, float]) -> None:
+    """POST a streamed completion; mark when its first and its last chunk arrive."""
+    request = urllib.request.Request(
+        url,
+        data=json.dumps({**body, "stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=300) as resp:
+        for line in resp:
+            if line.startswith(b"data: ") and "first" not in marks:
+                marks["first"] = time.monotonic()
+    marks["last"] = time.monotonic()
+
+
 def test_the_router_reads_vllm_load_gauges(cluster: EngineCluster) -> None:
     """The names ``worker_metrics.parse_load`` reads are the real build's: idle it reads no
-    requests and a known KV figure; under load it sees requests running or waiting."""
+    requests and a known KV figure; while a request streams through the router it reads at
+    least one running or waiting, and none once all have ended."""
     worker = cluster.worker_urls[0]
     idle = _load(worker)
     assert idle.requests == 0
     assert idle.kv_tokens is not None
-    # Enough work to outlast several reads of /metrics: on 2 busy cores one read can take as
-    # long as 4 answers of 256 tokens (the CI run of 2026-12-06 read once, after they ended).
-    body = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 1024, "temperature": 0}
-    seen: list[float] = []
-
-    def send() -> None:
-        post_json(cluster.router_url + "/v1/completions", {**body, "ignore_eos": True})
-
-    senders = [threading.Thread(target=send) for _ in range(8)]
+    # A read of /metrics can take seconds on 2 busy cores, so a read counts only if some
+    # stream had its first chunk before the read began and its last a second after it ended:
+    # the engine ran that request for the whole read (vLLM sets its gauges every step).
+    body = {
+        "model": "tiny-llama",
+        "prompt": PROMPT,
+        "max_tokens": 2048,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    marks: list[dict[str, float]] = [{} for _ in range(4)]
+    senders = [
+        threading.Thread(target=_stream, args=(cluster.router_url + "/v1/completions", body, m))
+        for m in marks
+    ]
     for t in senders:
         t.start()
-    while any(t.is_alive() for t in senders) and len(seen) < 200:
-        seen.append(_load(worker).requests)
+    reads: list[tuple[float, float, float]] = []  # (began, ended, requests)
+    while any(t.is_alive() for t in senders):
+        began = time.monotonic()
+        requests = _load(worker).requests
+        reads.append((began, time.monotonic(), requests))
     for t in senders:
         t.join()
-    print(f"\nvLLM requests (running + waiting) seen by the router's parser: max {max(seen)}")
-    assert max(seen) >= 1
+    assert all("last" in m for m in marks), "a stream through the router failed"
+    during = [
+        n
+        for began, ended, n in reads
+        if any(m.get("first", ended) < began and m["last"] > ended + 1 for m in marks)
+    ]
+    print(
+        f"\nvLLM requests (running + waiting) in {len(during)} reads during the streams "
+        f"(of {len(reads)}): {sorted(set(during))}"
+    )
+    assert during, "no read of /metrics fell inside a stream: the streams are too short"
+    assert min(during) >= 1
     deadline = time.monotonic() + 10  # the gauges follow the engine's steps
     while _load(worker).requests and time.monotonic() < deadline:
         time.sleep(0.1)
