@@ -58,8 +58,10 @@ replicas through Redis), and on completion the worker's residual model learns
 ``max(1, latency - (base + alpha * queue))``, or the residual unfloored for a signed model
 (``ratio``, which can then learn that a worker is faster than the estimate). The service
 estimate is first made again with the output the answer reports instead of the expected
-``o``: a client that sends no ``max_new_tokens`` leaves the router only the mean answer, and
-the model must learn the worker's speed, not what that mean missed. ``docs/design.md`` says
+``o``, and with the prefill of what the worker reports it found cached instead of what the
+index believed: a client that sends no ``max_new_tokens`` leaves the router only the mean
+answer, a copy of a prefix may be evicted before the request is admitted, and the model must
+learn the worker's speed, not what that mean or the index missed. ``docs/design.md`` says
 why the default changed.
 """
 
@@ -95,15 +97,28 @@ PAPER_MODEL = {"kind": "ewmean", "params": {"forgetting": 0.992, "p0": 1e6}}
 @dataclass(frozen=True, slots=True)
 class _InOutput:
     """The service estimate (``base + alpha * queue``) as a function of the output length
-    ``o``: ``fixed + per_token * o + squared * o**2`` (at least 1 ms, as ``base``)."""
+    ``o``: ``fixed + per_token * o + squared * o**2`` (at least 1 ms, as ``base``), and of
+    the prompt tokens the worker really found cached: ``fixed`` holds the request's own
+    prefill of ``prompt - cached`` tokens (``prefill_ms``), which ``at`` prices again."""
 
     fixed: float
     per_token: float
     squared: float
+    prefill_ms: float = 0.0
+    prefill_per_token: float = 0.0
+    attention_per_pair: float = 0.0
 
-    def at(self, output_tokens: float) -> float:
+    def at(
+        self, output_tokens: float, cached: int | None = None, prompt: int | None = None
+    ) -> float:
         o = max(0.0, output_tokens)
-        return max(1.0, self.fixed + self.per_token * o + self.squared * o * o)
+        fixed = self.fixed
+        if cached is not None and prompt is not None:
+            uncached = max(0, prompt - cached)
+            prefill = self.prefill_per_token * uncached
+            fixed += prefill + self.attention_per_pair * attention_pairs(cached, uncached)
+            fixed -= self.prefill_ms
+        return max(1.0, fixed + self.per_token * o + self.squared * o * o)
 
 
 class LBGRPolicy:
@@ -206,7 +221,12 @@ class LBGRPolicy:
         evict = self.evict * w.refetch_share * prefill * copied
         impact = self.impact * own_prefill * (batch + fleet) + evict
         shape = _InOutput(
-            own_prefill + self.alpha * wait_prefill, own_step + self.alpha * wait_step, kv / 2.0
+            own_prefill + self.alpha * wait_prefill,
+            own_step + self.alpha * wait_step,
+            kv / 2.0,
+            own_prefill,
+            prefill,
+            attention,
         )
         return max(1.0, own), wait, impact, evict, shape
 
@@ -277,9 +297,10 @@ class LBGRPolicy:
         features = decision.features or {}
         shape = decision.reestimate
         if isinstance(shape, _InOutput) and outcome.output_tokens is not None:
-            # The estimate again with the output the request really generated: the model
-            # learns what the worker's speed adds, not what the output estimate missed.
-            estimate = shape.at(outcome.output_tokens)
+            # The estimate again with the output the request really generated, and the
+            # prefill of what the worker really found cached: the model learns what the
+            # worker's speed adds, not what the output estimate or the index missed.
+            estimate = shape.at(outcome.output_tokens, outcome.cached_tokens, outcome.prompt_tokens)
             if "estimate_ms" in features:
                 features = {**features, "estimate_ms": estimate}
         target = outcome.latency_ms - estimate

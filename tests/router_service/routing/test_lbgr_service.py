@@ -234,6 +234,39 @@ def estimate_at(policy: LBGRPolicy, worker: WorkerSnapshot, prompt: int, output:
 
 
 @pytest.mark.parametrize("speed", [1.0, 0.5])
+def test_the_residual_learns_the_workers_speed_not_the_indexs_miss(speed: float) -> None:
+    """The router believed 800 of the prompt's 1,000 tokens cached on the worker, and the
+    worker found none (evicted since). At completion the estimate is made again with the
+    prefill of what the worker really found, so ``ratio`` learns the worker's speed, not the
+    index's miss: a worker whose copy of a prefix was evicted is not priced as a slow one
+    (the index's own correction learns what survives)."""
+    policy = lbgr(model="ratio", impact=0.0)
+    request = RouteRequest("r", ids(1000), prompt_tokens=1000, max_new_tokens=64)
+    worker = replace(snap(A, cached=800, in_flight=2, kv_tokens=3000), output_tokens=64.0)
+    decision = policy.decide(request, [worker])
+    p, a = policy.prefill_ms_per_token, policy.attention_ms_per_pair
+    believed = p * 200 + a * attention_pairs(800, 200)
+    missed = estimate_at(policy, worker, 1000, 64)  # nothing cached
+    assert decision.candidate(A).predicted_ms == pytest.approx(
+        missed - p * 1000 - a * attention_pairs(0, 1000) + believed
+    )
+    latency = missed / speed
+    outcome = Outcome(True, latency, output_tokens=64, cached_tokens=0, prompt_tokens=1000)
+    learned = policy.complete(decision, outcome)
+    assert learned is not None
+    assert learned.estimate_ms == pytest.approx(missed)
+    assert learned.residual_target_ms == pytest.approx(latency - missed)
+    factor = policy.models.champion._models[A].factor
+    assert factor == pytest.approx(1 / speed, rel=0.05)
+    # A worker that says nothing of its cache leaves the estimate made at routing time.
+    blind = lbgr(model="ratio", impact=0.0)
+    first = blind.decide(request, [worker])
+    learned = blind.complete(first, Outcome(True, latency, output_tokens=64))
+    assert learned is not None
+    assert learned.estimate_ms == pytest.approx(first.candidate(A).predicted_ms)
+
+
+@pytest.mark.parametrize("speed", [1.0, 0.5])
 def test_the_residual_learns_the_workers_speed_not_the_answers_unknown_length(
     speed: float,
 ) -> None:
