@@ -85,49 +85,69 @@ def _stream(url: str, body: dict[str, Any], marks: dict[str, float]) -> None:
     marks["last"] = time.monotonic()
 
 
+def _covers(spans: list[tuple[float, float]], began: float, ended: float) -> bool:
+    """Whether the union of ``spans`` holds all of ``[began, ended]``."""
+    runs: list[list[float]] = []
+    for start, end in sorted(spans):
+        if runs and start <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], end)
+        else:
+            runs.append([start, end])
+    return any(start <= began and ended <= end for start, end in runs)
+
+
+def test_covers_needs_the_spans_to_hold_the_whole_read() -> None:
+    assert _covers([(0, 4), (3, 9)], 1, 8)
+    assert not _covers([(0, 4), (5, 9)], 3, 6)  # a gap at 4-5
+    assert not _covers([(2, 9)], 1, 3)
+    assert _covers([(5, 6), (0, 2)], 0.5, 1.5)
+
+
 def test_the_router_reads_vllm_load_gauges(cluster: EngineCluster) -> None:
     """The names ``worker_metrics.parse_load`` reads are the real build's: idle it reads no
-    requests and a known KV figure; while a request streams through the router it reads at
+    requests and a known KV figure; while requests stream through the router it reads at
     least one running or waiting, and none once all have ended."""
     worker = cluster.worker_urls[0]
     idle = _load(worker)
     assert idle.requests == 0
     assert idle.kv_tokens is not None
-    # A read of /metrics can take seconds on 2 busy cores, so a read counts only if some
-    # stream had its first chunk before the read began and its last a second after it ended:
-    # the engine ran that request for the whole read (vLLM sets its gauges every step).
-    body = {
-        "model": "tiny-llama",
-        "prompt": PROMPT,
-        "max_tokens": 2048,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
-    marks: list[dict[str, float]] = [{} for _ in range(4)]
-    senders = [
-        threading.Thread(target=_stream, args=(cluster.router_url + "/v1/completions", body, m))
-        for m in marks
-    ]
-    for t in senders:
-        t.start()
+    # The engine surely runs a request from its first chunk to a second before its last (vLLM
+    # sets its gauges every step), and a read of /metrics may take seconds on 2 busy cores
+    # (as long as a whole answer, in one CI run). So streams of three lengths run and restart
+    # until eight reads began after a first chunk, and a read counts if the streams' spans
+    # hold all of it.
+    url = cluster.router_url + "/v1/completions"
+    body = {"model": "tiny-llama", "prompt": PROMPT, "temperature": 0, "ignore_eos": True}
+    streams: list[tuple[threading.Thread, dict[str, float]]] = []
+    running: dict[int, tuple[threading.Thread, dict[str, float]]] = {}
     reads: list[tuple[float, float, float]] = []  # (began, ended, requests)
-    while any(t.is_alive() for t in senders):
+    deadline = time.monotonic() + 180
+
+    def streaming_reads() -> int:  # reads begun after a first chunk came back
+        firsts = [m["first"] for _, m in streams if "first" in m]
+        return sum(began > min(firsts) for began, _, _ in reads) if firsts else 0
+
+    while streaming_reads() < 8 and time.monotonic() < deadline:
+        for tokens in (512, 1024, 1536):
+            if tokens not in running or not running[tokens][0].is_alive():
+                marks: dict[str, float] = {}
+                args = (url, {**body, "max_tokens": tokens}, marks)
+                running[tokens] = (threading.Thread(target=_stream, args=args), marks)
+                running[tokens][0].start()
+                streams.append(running[tokens])
         began = time.monotonic()
         requests = _load(worker).requests
         reads.append((began, time.monotonic(), requests))
-    for t in senders:
-        t.join()
-    assert all("last" in m for m in marks), "a stream through the router failed"
-    during = [
-        n
-        for began, ended, n in reads
-        if any(m.get("first", ended) < began and m["last"] > ended + 1 for m in marks)
-    ]
+    for thread, _ in streams:
+        thread.join()
+    assert all("first" in m and "last" in m for _, m in streams), "a stream failed"
+    spans = [(m["first"], m["last"] - 1) for _, m in streams]
+    during = [n for began, ended, n in reads if _covers(spans, began, ended)]
     print(
         f"\nvLLM requests (running + waiting) in {len(during)} reads during the streams "
-        f"(of {len(reads)}): {sorted(set(during))}"
+        f"(of {len(reads)}, {len(streams)} streams): {sorted(set(during))}"
     )
-    assert during, "no read of /metrics fell inside a stream: the streams are too short"
+    assert during, "no read of /metrics fell inside the streams"
     assert min(during) >= 1
     deadline = time.monotonic() + 10  # the gauges follow the engine's steps
     while _load(worker).requests and time.monotonic() < deadline:
