@@ -77,9 +77,9 @@ def test_the_router_reads_vllm_load_gauges(cluster: EngineCluster) -> None:
     idle = _load(worker)
     assert idle.requests == 0
     assert idle.kv_tokens is not None
-    # When a read of /metrics lands inside the engine's work is luck: the tiny model decodes
-    # thousands of tokens a second on an idle machine (the router and the client take longer
-    # to pass an answer on than the engine takes to make it), and a read can take seconds
+    # Whether a read of /metrics lands inside the engine's work is luck: on an idle machine the
+    # tiny model made three answers of up to 1,536 tokens in under 2 s (a CI run, 2026-12-07),
+    # faster than the router and the client pass an answer on, and a read can take seconds
     # on busy cores. So four requests run at all times, each restarted as it ends, until a
     # read sees one or two minutes pass: only gauges that never show the engine's requests
     # fail it.
