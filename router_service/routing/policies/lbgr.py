@@ -97,27 +97,18 @@ PAPER_MODEL = {"kind": "ewmean", "params": {"forgetting": 0.992, "p0": 1e6}}
 @dataclass(frozen=True, slots=True)
 class _InOutput:
     """The service estimate (``base + alpha * queue``) as a function of the output length
-    ``o``: ``fixed + per_token * o + squared * o**2`` (at least 1 ms, as ``base``), and of
-    the prompt tokens the worker really found cached: ``fixed`` holds the request's own
-    prefill of ``prompt - cached`` tokens (``prefill_ms``), which ``at`` prices again."""
+    ``o``: ``fixed + per_token * o + squared * o**2`` (at least 1 ms, as ``base``). ``fixed``
+    holds the request's own prefill as priced at routing (``prefill_ms``); ``at`` puts
+    another in its place when given one (what the worker really found cached)."""
 
     fixed: float
     per_token: float
     squared: float
     prefill_ms: float = 0.0
-    prefill_per_token: float = 0.0
-    attention_per_pair: float = 0.0
 
-    def at(
-        self, output_tokens: float, cached: int | None = None, prompt: int | None = None
-    ) -> float:
+    def at(self, output_tokens: float, prefill_ms: float | None = None) -> float:
         o = max(0.0, output_tokens)
-        fixed = self.fixed
-        if cached is not None and prompt is not None:
-            uncached = max(0, prompt - cached)
-            prefill = self.prefill_per_token * uncached
-            fixed += prefill + self.attention_per_pair * attention_pairs(cached, uncached)
-            fixed -= self.prefill_ms
+        fixed = self.fixed if prefill_ms is None else self.fixed - self.prefill_ms + prefill_ms
         return max(1.0, fixed + self.per_token * o + self.squared * o * o)
 
 
@@ -191,6 +182,12 @@ class LBGRPolicy:
             self.a_ms + self.b_cached_ms * cached / 1000.0 + self.b_uncached_ms * uncached / 1000.0,
         )
 
+    def _prefill_ms(self, cached: float, uncached: float) -> float:
+        """A request's own prefill of ``uncached`` tokens after ``cached`` ones."""
+        return self.prefill_ms_per_token * uncached + self.attention_ms_per_pair * attention_pairs(
+            cached, uncached
+        )
+
     def _estimate(
         self, request: RouteRequest, w: WorkerSnapshot, fleet: float = 0.0, held: int = 0
     ) -> tuple[float, float, float, float, _InOutput | None]:
@@ -204,7 +201,7 @@ class LBGRPolicy:
         output = w.output_tokens
         prefill, attention = self.prefill_ms_per_token, self.attention_ms_per_pair
         kv, seq = self.decode_ms_per_kv_token, self.decode_ms_per_seq
-        own_prefill = prefill * uncached + attention * attention_pairs(cached, uncached)
+        own_prefill = self._prefill_ms(cached, uncached)
         own_step = self.decode_step_ms + kv * total * per_unit + seq  # + kv * o / 2
         own = own_prefill + output * (own_step + kv * output / 2.0)
         batch = w.in_flight + w.other_requests
@@ -225,8 +222,6 @@ class LBGRPolicy:
             own_step + self.alpha * wait_step,
             kv / 2.0,
             own_prefill,
-            prefill,
-            attention,
         )
         return max(1.0, own), wait, impact, evict, shape
 
@@ -300,7 +295,11 @@ class LBGRPolicy:
             # The estimate again with the output the request really generated, and the
             # prefill of what the worker really found cached: the model learns what the
             # worker's speed adds, not what the output estimate or the index missed.
-            estimate = shape.at(outcome.output_tokens, outcome.cached_tokens, outcome.prompt_tokens)
+            found, prompt = outcome.cached_tokens, outcome.prompt_tokens
+            prefill = None
+            if found is not None and prompt is not None:
+                prefill = self._prefill_ms(found, max(0, prompt - found))
+            estimate = shape.at(outcome.output_tokens, prefill)
             if "estimate_ms" in features:
                 features = {**features, "estimate_ms": estimate}
         target = outcome.latency_ms - estimate
