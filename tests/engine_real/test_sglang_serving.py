@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -196,9 +196,14 @@ def _run(
     *,
     explain: bool = False,
     router_args: Sequence[str] = (),
+    ready: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
+    """Route ``bodies`` through a fresh kvroute router; ``ready``, when given, is polled
+    before the first request (up to ``_wait_for``'s timeout)."""
     cluster.flush()
     router = cluster.start_router("kvroute", policy, router_args)
+    if ready is not None:
+        _wait_for(ready)
     before = {w: metric_totals(w, COUNTERS) for w in cluster.worker_urls}
     started = time.perf_counter()
     answers = send_all(router + "/generate", bodies, concurrency=2)
@@ -368,7 +373,16 @@ def test_the_workers_kv_events_tell_the_router_what_they_cache(cluster: EngineCl
     # The first worker's endpoints are given; the second's come from its own /server_info.
     given = f"{cluster.worker_urls[0]}={cluster.kv_events[0]}"
     args = ["--worker-kv-events", given, "--kv-events-discover", "--tokenizer", str(model_dir())]
-    row = _run(cluster, "lbgr", bodies, explain=True, router_args=args)
+
+    # Traffic starts once both streams are live: in one CI run on busy cores the router
+    # rebuilt from the replays while the first 22 of 96 requests were routed on its index.
+    def live() -> bool:
+        return all(
+            (w.get("kv_events") or {}).get("status") == "live"
+            for w in _workers_status(cluster).values()
+        )
+
+    row = _run(cluster, "lbgr", bodies, explain=True, router_args=args, ready=live)
     answers: list[Answer] = row["answers"]
     chosen: list[dict[str, Any]] = row["chosen"]
     sources = Counter(c["cache_source"] for c in chosen)
