@@ -5,7 +5,8 @@ policy x eviction on eight workloads at four loads, three seeds each, 4 workers 
 ``llama3.1-8b-l40``, and gives each policy's latency over the best baseline's in every cell.
 That profile is the one ``lbgr``'s constants come from, and the clients send each answer's
 length as ``max_new_tokens``; ``--profile``, ``--speed`` (every worker that many times as fast)
-and ``--output-hint none`` (no ``max_new_tokens``) run the same matrix off that prior.
+and ``--output-hint none`` (no ``max_new_tokens``) run the same matrix off that prior, and
+``--workers`` on another fleet size (the same requests; the loads are that fleet's).
 
 **Workloads** (the request count of a workload is the same in every cell and in its
 bisection): GSP in random and in grouped order (128 groups x 24 prompts); multi-turn chat,
@@ -14,7 +15,7 @@ bisection): GSP in random and in grouped order (128 groups x 24 prompts); multi-
 random order: the LooGLE sample has 5 documents, too few for a fleet); the first 2,000
 requests of the Mooncake synthetic trace; the first 3,000 of the Azure 2023 code and
 conversation traces; and the cyclic worst case sized to the *fleet's* cache (the cycle is
-1.1x 4 workers' capacity, so a router that spreads it evenly leaves every worker a cycle
+1.1x the workers' capacity, so a router that spreads it evenly leaves every worker a cycle
 1.1x its own cache: LRU's worst case on each), three passes. Data files are read from
 ``../shared/data``; a workload whose file is missing is skipped and listed in the JSON.
 
@@ -278,6 +279,7 @@ class Setting:
     profile: str = PROFILE
     speed: float = 1.0
     output_hint: str = "exact"
+    workers: int = WORKERS
 
     @property
     def service(self) -> ServiceProfile:
@@ -306,7 +308,7 @@ def build(setting: Setting, rate_rps: float) -> Workload:
     if w.kind == "longdoc":
         return LongDocWorkload(LongDocConfig(n, order=w.order, rate=rate_rps, seed=seed))
     if w.kind == "cyclic":
-        capacity = WORKERS * setting.service.kv_capacity_tokens
+        capacity = setting.workers * setting.service.kv_capacity_tokens
         return CyclicWorkload(CyclicConfig(capacity, cycles=n, rate=rate_rps, seed=seed))
     scale = rate_rps / native_rps(setting)
     loader = load_mooncake if w.kind == "trace" else load_azure
@@ -344,12 +346,12 @@ def run_one(
     workload: Workload, policy: PolicySpec, eviction: str, setting: Setting
 ) -> dict[str, Any]:
     config = ClusterConfig(
-        workers=WORKERS,
+        workers=setting.workers,
         policy=policy.policy,
         policy_params=dict(policy.params),
         eviction=eviction,
         profile=setting.profile,
-        worker_speeds=[setting.speed] * WORKERS,
+        worker_speeds=[setting.speed] * setting.workers,
         output_hint=setting.output_hint,
         seed=setting.seed,
     )
@@ -986,6 +988,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help=f"heatmap PNG (default {FIGURE}; --quick: next to --out)",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=WORKERS,
+        help=f"workers in the fleet (default {WORKERS}); the cyclic workload is sized to it",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     try:
@@ -998,8 +1006,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.candidate = args.candidate or CANDIDATE
     args.seeds = tuple(args.seeds or (QUICK_SEEDS if args.quick else SEEDS))
     args.loads = tuple(args.loads or (QUICK_LOADS if args.quick else LOADS))
-    if min(args.loads) <= 0 or args.jobs < 1:
-        parser.error("--loads must be > 0 and --jobs >= 1")
+    if min(args.loads) <= 0 or args.jobs < 1 or args.workers < 1:
+        parser.error("--loads must be > 0, --jobs >= 1 and --workers >= 1")
     if not (args.speed > 0 and math.isfinite(args.speed)):
         parser.error(f"--speed must be a number > 0, got {args.speed}")
     args.fleet = fleet_label(args.profile, args.speed, args.output_hint)
@@ -1032,7 +1040,16 @@ def run_matrix(args: argparse.Namespace) -> Results:
     progress = not args.no_progress
     started = time.perf_counter()
     settings = [
-        Setting(w, s, args.quick, str(args.data), args.profile, args.speed, args.output_hint)
+        Setting(
+            w,
+            s,
+            args.quick,
+            str(args.data),
+            args.profile,
+            args.speed,
+            args.output_hint,
+            args.workers,
+        )
         for w in args.available
         for s in args.seeds
     ]
@@ -1108,7 +1125,8 @@ def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
     labels = [p.label for p in args.policy_specs]
     sat_rows = saturation_rows(results.saturation, args.available, floor_means(results.floors))
     seeds = ", ".join(map(str, args.seeds))
-    print(f"## Robustness matrix ({WORKERS} workers, {args.fleet}, simulated; seeds {seeds})\n")
+    fleet = f"{args.workers} workers, {args.fleet}"
+    print(f"## Robustness matrix ({fleet}, simulated; seeds {seeds})\n")
     print("### Saturation of round_robin + lru (highest rate keeping >= 95% throughput)\n")
     print(markdown_table(sat_rows, SATURATION_COLUMNS) + "\n")
     print("### p50 / p95 latency over the best baseline's, mean over seeds (min-max)\n")
@@ -1126,7 +1144,7 @@ def report(args: argparse.Namespace, results: Results) -> dict[str, Any]:
     rows = [(w.key, load) for w in args.available for load in args.loads]
     columns = [(label, e) for e in args.evictions for label in labels]
     title = (
-        f"p50 latency / best baseline's (round_robin, power_of_two, cache_aware), {WORKERS} "
+        f"p50 latency / best baseline's (round_robin, power_of_two, cache_aware), {args.workers} "
         f"workers, {args.fleet}, seeds {seeds}\nload = fraction of round_robin+lru's saturation "
         "rate; baselines compared with the same eviction"
     )
@@ -1148,7 +1166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "profile": args.profile,
             "speed": args.speed,
             "output_hint": args.output_hint,
-            "workers": WORKERS,
+            "workers": args.workers,
             "seeds": list(args.seeds),
             "loads": list(args.loads),
             "evictions": list(args.evictions),

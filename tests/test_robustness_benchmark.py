@@ -482,6 +482,25 @@ def hand_workload(arrivals: tuple[float, float, float]) -> RequestList:
     return RequestList("hand", [r0, r1, r2])
 
 
+def test_a_larger_fleet_saturates_at_a_higher_rate_and_sizes_the_cycle_to_itself() -> None:
+    """Eight workers keep up with about twice the rate of four, and the cyclic worst case
+    is sized to their cache (its cycle 1.1x the fleet's capacity); a fleet of none exits 2."""
+    spec = next(w for w in robustness.WORKLOADS if w.key == "cyclic")
+    at = {n: robustness.Setting(spec, 0, True, str(robustness.DATA_DIR), workers=n) for n in (4, 8)}
+    saturation = {n: robustness.find_saturation(at[n])["saturation_rps"] for n in at}
+    assert 1.7 < saturation[8] / saturation[4] < 2.3
+    prompts = {n: len({r.prompt for r in robustness.build(at[n], 10.0)}) for n in at}
+    assert 1.9 < prompts[8] / prompts[4] < 2.1
+    row = robustness.run_one(
+        robustness.build(at[8], 10.0), robustness.SATURATION_POLICY, "lru", at[8]
+    )
+    assert row["completed"] == row["requests"]
+    assert robustness.parse_args(["--quick", "--workers", "8"]).workers == 8
+    with pytest.raises(SystemExit) as exc:
+        robustness.parse_args(["--quick", "--workers", "0"])
+    assert exc.value.code == 2
+
+
 def test_the_floor_of_requests_sharing_a_prefix_by_hand() -> None:
     workload = hand_workload((0.0, 10_000.0, 20_000.0))
     assert robustness.shared_prefix_tokens(workload) == [0, 1000, 1199]  # r2: all but one
