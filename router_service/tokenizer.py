@@ -38,9 +38,10 @@ from router_service.routing import RouteRequest
 
 __all__ = ["INLINE_CHARS", "PromptTokenizer", "TokenizerError", "load_tokenizer", "tokenized"]
 
-# Prompts up to this many characters (~250 tokens) are tokenized on the event loop, longer ones
-# on a worker thread: a 1k-token prompt holds the loop for milliseconds, a 32k-token one for
-# hundreds (benchmarks/kv_events.py), while the hand-over costs tens of microseconds.
+# Prompts up to this many characters (1,500-2,000 tokens of English) are tokenized on the event
+# loop, longer ones on a worker thread: a 1k-token prompt holds the loop for about a
+# millisecond, a 32k-token one for tens (benchmarks/kv_events.py; several times that on
+# a busy machine), while the hand-over costs tens of microseconds.
 INLINE_CHARS = 8_000
 
 
