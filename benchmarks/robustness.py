@@ -136,9 +136,13 @@ MAX_PROBES = 40
 FIGURE = REPO_ROOT / "docs" / "figures" / "robustness.png"
 
 
-def fleet_label(profile: str, speed: float, output_hint: str) -> str:
-    """``llama3.1-8b-l40``, or ``llama3.1-8b-l40 at 0.5x speed, max_new_tokens none``."""
-    label = profile if speed == 1.0 else f"{profile} at {speed:g}x speed"
+def fleet_label(profile: str, speed: float, output_hint: str, speeds: Sequence[float] = ()) -> str:
+    """``llama3.1-8b-l40``, or ``llama3.1-8b-l40 at 0.5x speed, max_new_tokens none``, or
+    ``llama3.1-8b-l40 at 1/1/0.5/0.5x speed`` (one speed per worker)."""
+    if speeds:
+        label = f"{profile} at {'/'.join(f'{v:g}' for v in speeds)}x speed"
+    else:
+        label = profile if speed == 1.0 else f"{profile} at {speed:g}x speed"
     return label if output_hint == "exact" else f"{label}, max_new_tokens {output_hint}"
 
 
@@ -270,7 +274,8 @@ WORKLOAD_KEYS = tuple(w.key for w in WORKLOADS)
 @dataclass(frozen=True, slots=True)
 class Setting:
     """What every simulation of a workload shares: its size, seed, data directory and the
-    fleet's service profile (``speed`` scales every time in it: 0.5 = half as fast)."""
+    fleet's service profile (``speed`` scales every time in it: 0.5 = half as fast; with
+    ``speeds``, one per worker, ``speed`` is the fastest's, which the floor assumes)."""
 
     workload: WorkloadSpec
     seed: int
@@ -280,6 +285,7 @@ class Setting:
     speed: float = 1.0
     output_hint: str = "exact"
     workers: int = WORKERS
+    speeds: tuple[float, ...] = ()
 
     @property
     def service(self) -> ServiceProfile:
@@ -351,7 +357,7 @@ def run_one(
         policy_params=dict(policy.params),
         eviction=eviction,
         profile=setting.profile,
-        worker_speeds=[setting.speed] * setting.workers,
+        worker_speeds=list(setting.speeds) or [setting.speed] * setting.workers,
         output_hint=setting.output_hint,
         seed=setting.seed,
     )
@@ -972,8 +978,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--speed",
         type=float,
-        default=1.0,
-        help="every worker runs this many times as fast as the profile (default 1)",
+        nargs="+",
+        default=[1.0],
+        help="every worker runs this many times as fast as the profile (default 1); or one "
+        "value per worker (--workers of them), a mixed fleet",
     )
     parser.add_argument(
         "--output-hint",
@@ -1008,9 +1016,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.loads = tuple(args.loads or (QUICK_LOADS if args.quick else LOADS))
     if min(args.loads) <= 0 or args.jobs < 1 or args.workers < 1:
         parser.error("--loads must be > 0, --jobs >= 1 and --workers >= 1")
-    if not (args.speed > 0 and math.isfinite(args.speed)):
-        parser.error(f"--speed must be a number > 0, got {args.speed}")
-    args.fleet = fleet_label(args.profile, args.speed, args.output_hint)
+    for speed in args.speed:
+        if not (speed > 0 and math.isfinite(speed)):
+            parser.error(f"--speed must be a number > 0, got {speed}")
+    if len(args.speed) not in (1, args.workers):
+        parser.error(
+            f"--speed takes one value, or one per worker ({args.workers}); got {len(args.speed)}"
+        )
+    args.speeds = tuple(args.speed) if len(set(args.speed)) > 1 else ()
+    args.speed = max(args.speed)
+    args.fleet = fleet_label(args.profile, args.speed, args.output_hint, args.speeds)
     args.figure = args.figure or (args.out.with_suffix(".png") if args.quick else FIGURE)
     chosen = [w for w in WORKLOADS if args.workloads is None or w.key in args.workloads]
     args.chosen = [w.key for w in chosen]
@@ -1049,6 +1064,7 @@ def run_matrix(args: argparse.Namespace) -> Results:
             args.speed,
             args.output_hint,
             args.workers,
+            args.speeds,
         )
         for w in args.available
         for s in args.seeds
@@ -1165,6 +1181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "quick": args.quick,
             "profile": args.profile,
             "speed": args.speed,
+            "speeds": list(args.speeds) or None,
             "output_hint": args.output_hint,
             "workers": args.workers,
             "seeds": list(args.seeds),

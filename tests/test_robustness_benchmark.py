@@ -501,6 +501,27 @@ def test_a_larger_fleet_saturates_at_a_higher_rate_and_sizes_the_cycle_to_itself
     assert exc.value.code == 2
 
 
+def test_a_mixed_fleet_runs_each_worker_at_its_own_speed() -> None:
+    """``--speed`` with one value per worker: round_robin, blind to speed, sends the slow
+    workers as many requests as the fast ones, so the fleet saturates at the slow ones' pace
+    (below a uniform fleet's), and the floor is the fastest worker's."""
+    args = robustness.parse_args(["--quick", "--workers", "4", "--speed", "1", "1", "0.5", "0.5"])
+    assert (args.speeds, args.speed) == ((1.0, 1.0, 0.5, 0.5), 1.0)
+    assert args.fleet == f"{robustness.PROFILE} at 1/1/0.5/0.5x speed"
+    assert robustness.parse_args(["--quick", "--speed", "2", "2", "2", "2"]).speeds == ()
+    spec = next(w for w in robustness.WORKLOADS if w.key == "cyclic")
+    data = str(robustness.DATA_DIR)
+    uniform = robustness.Setting(spec, 0, True, data)
+    mixed = robustness.Setting(spec, 0, True, data, speeds=args.speeds)
+    rates = {s: robustness.find_saturation(s)["saturation_rps"] for s in (uniform, mixed)}
+    assert 0.45 < rates[mixed] / rates[uniform] < 0.6
+    assert robustness.no_wait_floor(mixed) == robustness.no_wait_floor(uniform)
+    for bad in (["--speed", "1", "0.5"], ["--speed", "1", "1", "1", "-1"]):
+        with pytest.raises(SystemExit) as exc:
+            robustness.parse_args(["--quick", *bad])
+        assert exc.value.code == 2
+
+
 def test_the_floor_of_requests_sharing_a_prefix_by_hand() -> None:
     workload = hand_workload((0.0, 10_000.0, 20_000.0))
     assert robustness.shared_prefix_tokens(workload) == [0, 1000, 1199]  # r2: all but one
