@@ -286,6 +286,7 @@ class Setting:
     output_hint: str = "exact"
     workers: int = WORKERS
     speeds: tuple[float, ...] = ()
+    window: int = 0  # the traces replay requests window * size .. (window + 1) * size
 
     @property
     def service(self) -> ServiceProfile:
@@ -295,6 +296,11 @@ class Setting:
     @property
     def size(self) -> int:
         return self.workload.quick_size if self.quick else self.workload.size
+
+    @property
+    def skip(self) -> int:
+        """Requests of a trace left out before its window."""
+        return self.window * self.size
 
     @property
     def path(self) -> str | None:
@@ -318,14 +324,14 @@ def build(setting: Setting, rate_rps: float) -> Workload:
         return CyclicWorkload(CyclicConfig(capacity, cycles=n, rate=rate_rps, seed=seed))
     scale = rate_rps / native_rps(setting)
     loader = load_mooncake if w.kind == "trace" else load_azure
-    return loader(str(setting.path), time_scale=scale, limit=n, seed=seed)
+    return loader(str(setting.path), time_scale=scale, limit=n, seed=seed, skip=setting.skip)
 
 
 @functools.cache
 def native_rps(setting: Setting) -> float:
     """A trace's offered rate at time scale 1: requests over its arrival span."""
     loader = load_mooncake if setting.workload.kind == "trace" else load_azure
-    trace = loader(str(setting.path), limit=setting.size, seed=setting.seed)
+    trace = loader(str(setting.path), limit=setting.size, seed=setting.seed, skip=setting.skip)
     return len(trace) / (max(r.arrival_ms for r in trace) / 1000.0)
 
 
@@ -1002,6 +1008,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=WORKERS,
         help=f"workers in the fleet (default {WORKERS}); the cyclic workload is sized to it",
     )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=0,
+        help="the traces replay their WINDOW-th run of requests (0, the default: the first; "
+        "1: the next as many); the generated workloads take other --seeds instead",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     try:
@@ -1026,6 +1039,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.speeds = tuple(args.speed) if len(set(args.speed)) > 1 else ()
     args.speed = max(args.speed)
     args.fleet = fleet_label(args.profile, args.speed, args.output_hint, args.speeds)
+    if args.window < 0:
+        parser.error(f"--window must be >= 0, got {args.window}")
+    if args.window:
+        args.fleet += f", trace window {args.window}"
     args.figure = args.figure or (args.out.with_suffix(".png") if args.quick else FIGURE)
     chosen = [w for w in WORKLOADS if args.workloads is None or w.key in args.workloads]
     args.chosen = [w.key for w in chosen]
@@ -1037,7 +1054,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ]
     if not args.available:
         parser.error("no workload to run: " + "; ".join(s["reason"] for s in args.skipped))
+    for w in args.available:
+        if w.kind not in ("trace", "azure") or not args.window:
+            continue
+        rows = trace_rows(args.data / w.data)
+        size = w.quick_size if args.quick else w.size
+        if args.window * size >= rows:
+            parser.error(
+                f"--window {args.window}: {w.key} has {rows} requests, {size} a window; its "
+                f"last window is {(rows - 1) // size}"
+            )
     return args
+
+
+def trace_rows(path: Path) -> int:
+    """Requests in a trace file: its non-empty lines, less a CSV's header."""
+    with path.open() as lines:
+        count = sum(1 for line in lines if line.strip())
+    return count - 1 if path.suffix == ".csv" else count
 
 
 @dataclass(slots=True)
@@ -1065,6 +1099,7 @@ def run_matrix(args: argparse.Namespace) -> Results:
             args.output_hint,
             args.workers,
             args.speeds,
+            args.window,
         )
         for w in args.available
         for s in args.seeds
@@ -1182,6 +1217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "profile": args.profile,
             "speed": args.speed,
             "speeds": list(args.speeds) or None,
+            "window": args.window,
             "output_hint": args.output_hint,
             "workers": args.workers,
             "seeds": list(args.seeds),

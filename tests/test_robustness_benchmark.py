@@ -522,6 +522,30 @@ def test_a_mixed_fleet_runs_each_worker_at_its_own_speed() -> None:
         assert exc.value.code == 2
 
 
+def test_a_later_window_of_a_trace_replays_the_requests_after_the_first() -> None:
+    """``--window 1`` replays a trace's next run of requests (held out from the matrix's
+    first), at that window's own native rate; a window past the trace's end exits 2."""
+    spec = next(w for w in robustness.WORKLOADS if w.key == "mooncake")
+    path = robustness.DATA_DIR / str(spec.data)
+    if not path.is_file():
+        pytest.skip(f"{path} is not here (real data a clone does not include)")
+    data = str(robustness.DATA_DIR)
+    first, second = (robustness.Setting(spec, 0, True, data, window=k) for k in (0, 1))
+    a, b = robustness.build(first, 1.0), robustness.build(second, 1.0)
+    assert len(a) == len(b) == spec.quick_size
+    assert a.hash_ids != b.hash_ids
+    whole = robustness.load_mooncake(str(path), limit=2 * spec.quick_size)
+    assert b.hash_ids == whole.hash_ids[spec.quick_size :]
+    args = robustness.parse_args(["--quick", "--window", "1", "--workloads", "mooncake"])
+    assert args.window == 1
+    assert args.fleet.endswith("trace window 1")
+    rows = robustness.trace_rows(path)
+    for bad in (str(rows // spec.quick_size + 1), "-1"):
+        with pytest.raises(SystemExit) as exc:
+            robustness.parse_args(["--quick", "--window", bad, "--workloads", "mooncake"])
+        assert exc.value.code == 2
+
+
 def test_the_floor_of_requests_sharing_a_prefix_by_hand() -> None:
     workload = hand_workload((0.0, 10_000.0, 20_000.0))
     assert robustness.shared_prefix_tokens(workload) == [0, 1000, 1199]  # r2: all but one

@@ -136,10 +136,18 @@ def load_mooncake(
 
 
 def load_azure(
-    path: str | Path, *, time_scale: float = 1.0, limit: int | None = None, seed: int = 0
+    path: str | Path,
+    *,
+    time_scale: float = 1.0,
+    limit: int | None = None,
+    seed: int = 0,
+    skip: int = 0,
 ) -> TraceWorkload:
-    """Replay an Azure-format CSV trace: real times and lengths, unique random prompts."""
+    """Replay an Azure-format CSV trace: real times and lengths, unique random prompts;
+    ``skip`` leaves out the first requests in time (a later window, its clock from its first)."""
     _check_scale(time_scale, limit)
+    if skip < 0:
+        raise ValueError(f"skip must be >= 0, got {skip}")
     rows: list[tuple[float, int, int, tuple[int, ...]]] = []
     lines = read_lines(path)
     header = next(lines, None)
@@ -166,7 +174,7 @@ def load_azure(
         if context < 1 or generated < 0:
             raise WorkloadFileError(path, line, "ContextTokens must be >= 1, GeneratedTokens >= 0")
         rows.append((stamp.timestamp() * 1000.0, context, generated, ()))
-    rows = _first_in_time(rows, limit)
+    rows = _first_in_time(rows, None if limit is None else skip + limit)[skip:]
     start = rows[0][0] if rows else 0.0
     gen = np.random.default_rng(seed)
     requests = [

@@ -183,6 +183,13 @@ def test_azure_round_trip(tmp_path: Path) -> None:
     assert [round(r.arrival_ms, 3) for r in w] == [0.0, 959.92, 1063.92]
     assert len({r.prompt[:4] for r in w}) == 3  # no prefix data: unique prompts
     assert len(load_azure(path, limit=1)) == 1
+    # A later window: the requests after the first ``skip`` in time, its clock from its first.
+    window = load_azure(path, time_scale=0.5, skip=1)
+    assert [len(r.prompt) for r in window] == [40, 31]
+    assert [round(r.arrival_ms, 3) for r in window] == [0.0, 104.0]
+    assert len(load_azure(path, skip=3)) == 0
+    with pytest.raises(ValueError, match="skip"):
+        load_azure(path, skip=-1)
 
 
 def test_real_azure_traces_load() -> None:
