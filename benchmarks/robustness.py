@@ -5,8 +5,10 @@ policy x eviction on eight workloads at four loads, three seeds each, 4 workers 
 ``llama3.1-8b-l40``, and gives each policy's latency over the best baseline's in every cell.
 That profile is the one ``lbgr``'s constants come from, and the clients send each answer's
 length as ``max_new_tokens``; ``--profile``, ``--speed`` (every worker that many times as fast)
-and ``--output-hint none`` (no ``max_new_tokens``) run the same matrix off that prior, and
-``--workers`` on another fleet size (the same requests; the loads are that fleet's).
+and ``--output-hint none`` (no ``max_new_tokens``) run the same matrix off that prior;
+``--workers`` on another fleet size (the same requests; the loads are that fleet's),
+``--speed`` with one value per worker on a mixed fleet, and ``--window`` (the traces' later
+requests) with other ``--seeds`` (the generated workloads') on what the matrix never ran.
 
 **Workloads** (the request count of a workload is the same in every cell and in its
 bisection): GSP in random and in grouped order (128 groups x 24 prompts); multi-turn chat,
