@@ -15,7 +15,8 @@ Five parts, one JSON (``results/kv_events.json``) and markdown tables on stdout:
   figures move; ``sim_seeds``).
 - **accuracy, emulated** (``emulated``): emulated SGLang workers (``kvroute emulate``, real
   processes) publish their events over ZMQ; the router's core subscribes with the service's
-  ``KVEventFeed`` and routes GSP requests (``input_ids``) to them over HTTP. Each request is
+  ``KVEventFeed`` and routes GSP requests, then the densest 400 of the Mooncake trace (its
+  answers' real lengths), as ``input_ids`` to them over HTTP. Each request is
   predicted both ways on the same decision (the approximate index is kept either way) and
   compared with the ``cached_tokens`` the worker reports.
 - **cost** (``cost``): one process publishes 16 workers' events at their peak insert rate (a
@@ -27,7 +28,7 @@ Five parts, one JSON (``results/kv_events.json``) and markdown tables on stdout:
   model is downloaded), and how long the event loop is held with and without the thread.
 - **hashing** (``hash``): a request's page hashes at 1k, 8k and 32k tokens, pages 1 and 16.
 
-    python benchmarks/kv_events.py            # ~10 min on 2 cores
+    python benchmarks/kv_events.py            # ~15 min on 2 cores
     python benchmarks/kv_events.py --quick    # ~1 min
 """
 
@@ -170,12 +171,25 @@ def _hit_rate(done: list[RequestRecord]) -> float:
 
 
 # -- emulated -------------------------------------------------------------------------------
-async def emulated(eviction: str, quick: bool) -> dict[str, Any]:
+def emulated_workload(name: str, quick: bool) -> tuple[list[Any], int]:
+    """The requests an emulated run replays, and its workers' KV capacity: GSP at 8 req/s on
+    60k-token pools, or Mooncake's densest stretch (the start of its last window, requests
+    3,000 on, at time scale 0.22 as in ``sim``) on the L40 profile's pools, without the few
+    prompts too large for one."""
+    if name == "gsp":
+        groups, n = (16, 8) if quick else (48, 12)
+        return list(GSPWorkload(GSPConfig(groups, n, rate=8.0, seed=1))), 60_000
+    capacity = get_profile("llama3.1-8b-l40").kv_capacity_tokens
+    trace = load_mooncake(str(TRACE), time_scale=0.22, limit=100 if quick else 400, skip=3000)
+    return [r for r in trace if len(r.prompt) + r.max_new_tokens <= capacity], capacity
+
+
+async def emulated(eviction: str, quick: bool, workload_name: str = "gsp") -> dict[str, Any]:
     """Four emulated workers over real ZMQ; the router's core routes and predicts."""
     import aiohttp
 
     workers, procs, feed_sources = [], [], {}
-    capacity = 60_000
+    workload, capacity = emulated_workload(workload_name, quick)
     for _ in range(4):
         port, events, replay = free_port(), free_port(), free_port()
         kv = json.dumps(
@@ -210,22 +224,21 @@ async def emulated(eviction: str, quick: bool) -> dict[str, Any]:
             if time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
-        groups, n = (16, 8) if quick else (48, 12)
-        workload = list(GSPWorkload(GSPConfig(groups, n, rate=8.0, seed=1)))
         exact, approx, fell_back = [], [], []
         statuses = [WorkerStatus(u) for u in workers]
         async with aiohttp.ClientSession() as session:
 
             async def one(item: Any) -> None:
                 now = time.monotonic() * 1000.0
-                request = RouteRequest(item.rid, item.prompt, len(item.prompt), 1, tokens=True)
+                out = item.max_new_tokens if workload_name == "mooncake" else 1
+                request = RouteRequest(item.rid, item.prompt, len(item.prompt), out, tokens=True)
                 _, guessed = router.index.match(router.index_key(request))
                 decision = router.route(request, statuses, now)
                 chosen = decision.chosen
                 predicted = decision.candidate(chosen).cached or 0
                 body = {
                     "input_ids": key_to_ids(item.prompt),
-                    "sampling_params": {"max_new_tokens": 1},
+                    "sampling_params": {"max_new_tokens": out},
                 }
                 async with session.post(f"{chosen}/generate", json=body) as resp:
                     meta = (await resp.json())["meta_info"]
@@ -251,6 +264,7 @@ async def emulated(eviction: str, quick: bool) -> dict[str, Any]:
         await feed.stop()
         await info.close()
         return {
+            "workload": workload_name,
             "eviction": eviction,
             "events": accuracy(exact),  # requests whose worker was read from its events
             "fell_back": accuracy(fell_back),  # before a worker's first store named its pages
@@ -534,13 +548,19 @@ def main() -> int:
         ranged = [f"{c}_range" for c in ("over_page_share", "hit_rate", "p50_ms", "p95_ms")]
         print(table(figures["sim_summary"], [*cols, "p50_ms", "p95_ms", *ranged, "runs"]))
     if "emulated" in args.parts:
-        figures["emulated"] = [asyncio.run(emulated(e, args.quick)) for e in ("lru", "rlt")]
+        figures["emulated"] = [
+            asyncio.run(emulated(e, args.quick, w))
+            for w in ("gsp", "mooncake")
+            if w == "gsp" or TRACE.exists()
+            for e in ("lru", "rlt")
+        ]
         rows = [
-            {"eviction": r["eviction"], "index": kind, **r[kind]}
+            {"workload": r["workload"], "eviction": r["eviction"], "index": kind, **r[kind]}
             for r in figures["emulated"]
             for kind in ("approximate", "events", "fell_back")
         ]
-        print(table(rows, ["eviction", "index", "mae_tokens", "over_page_share", "requests"]))
+        cols = ["workload", "eviction", "index", "mae_tokens", "over_page_share", "requests"]
+        print(table(rows, cols))
     if "cost" in args.parts:
         peak = peak_rate_pages_per_s()
         seconds = 6.0 if args.quick else 15.0
