@@ -29,7 +29,7 @@ Five parts, one JSON (``results/kv_events.json``) and markdown tables on stdout:
 - **hashing** (``hash``): a request's page hashes at 1k, 8k and 32k tokens, pages 1 and 16.
 
     python benchmarks/kv_events.py            # ~15 min on 2 cores
-    python benchmarks/kv_events.py --quick    # ~1 min
+    python benchmarks/kv_events.py --quick    # ~3 min
 """
 
 from __future__ import annotations
