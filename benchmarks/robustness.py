@@ -1059,9 +1059,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for w in args.available:
         if w.kind not in ("trace", "azure") or not args.window:
             continue
-        rows = trace_rows(args.data / w.data)
-        size = w.quick_size if args.quick else w.size
-        if args.window * size >= rows:
+        setting = Setting(w, 0, args.quick, str(args.data), window=args.window)
+        rows, size = trace_rows(Path(str(setting.path))), setting.size
+        if setting.skip >= rows:
             parser.error(
                 f"--window {args.window}: {w.key} has {rows} requests, {size} a window; its "
                 f"last window is {(rows - 1) // size}"

@@ -515,7 +515,14 @@ def test_a_mixed_fleet_runs_each_worker_at_its_own_speed() -> None:
     mixed = robustness.Setting(spec, 0, True, data, speeds=args.speeds)
     rates = {s: robustness.find_saturation(s)["saturation_rps"] for s in (uniform, mixed)}
     assert 0.45 < rates[mixed] / rates[uniform] < 0.6
-    assert robustness.no_wait_floor(mixed) == robustness.no_wait_floor(uniform)
+    # The floor is the fastest worker's: a 2/2/1/1 fleet's is a uniform 2x fleet's.
+    fast = robustness.parse_args(["--quick", "--speed", "2", "2", "1", "1"])
+    assert fast.speed == 2.0
+    floor = robustness.no_wait_floor(
+        robustness.Setting(spec, 0, True, data, speed=fast.speed, speeds=fast.speeds)
+    )
+    assert floor == robustness.no_wait_floor(robustness.Setting(spec, 0, True, data, speed=2.0))
+    assert floor["p50_floor_s"] < robustness.no_wait_floor(uniform)["p50_floor_s"]
     for bad in (["--speed", "1", "0.5"], ["--speed", "1", "1", "1", "-1"]):
         with pytest.raises(SystemExit) as exc:
             robustness.parse_args(["--quick", *bad])

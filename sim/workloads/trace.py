@@ -82,11 +82,13 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return mixed
 
 
-def _check_scale(time_scale: float, limit: int | None) -> None:
+def _check_scale(time_scale: float, limit: int | None, skip: int = 0) -> None:
     if not time_scale > 0 or math.isinf(time_scale):
         raise ValueError(f"time_scale must be a positive number, got {time_scale}")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
+    if skip < 0:
+        raise ValueError(f"skip must be >= 0, got {skip}")
 
 
 def load_mooncake(
@@ -99,9 +101,7 @@ def load_mooncake(
 ) -> TraceWorkload:
     """Replay a Mooncake-format JSONL trace (see the module docstring); ``skip`` leaves out
     the first requests in time (a later window of the trace, its clock from its first)."""
-    _check_scale(time_scale, limit)
-    if skip < 0:
-        raise ValueError(f"skip must be >= 0, got {skip}")
+    _check_scale(time_scale, limit, skip)
     rows: list[tuple[float, int, int, tuple[int, ...]]] = []
     for line, obj in iter_jsonl(path):
         stamp = field(obj, "timestamp", (int, float), path, line)
@@ -123,7 +123,7 @@ def load_mooncake(
                 f"ceil({length}/{BLOCK_TOKENS}) = {blocks}",
             )
         rows.append((float(stamp), length, output, tuple(ids)))
-    rows = _first_in_time(rows, None if limit is None else skip + limit)[skip:]
+    rows = _first_in_time(rows, limit, skip)
     start = rows[0][0] if rows else 0.0
     needed = sorted({h for *_, ids in rows for h in ids})
     blocks = dict(zip(needed, block_tokens(needed, seed), strict=True))
@@ -145,9 +145,7 @@ def load_azure(
 ) -> TraceWorkload:
     """Replay an Azure-format CSV trace: real times and lengths, unique random prompts;
     ``skip`` leaves out the first requests in time (a later window, its clock from its first)."""
-    _check_scale(time_scale, limit)
-    if skip < 0:
-        raise ValueError(f"skip must be >= 0, got {skip}")
+    _check_scale(time_scale, limit, skip)
     rows: list[tuple[float, int, int, tuple[int, ...]]] = []
     lines = read_lines(path)
     header = next(lines, None)
@@ -174,7 +172,7 @@ def load_azure(
         if context < 1 or generated < 0:
             raise WorkloadFileError(path, line, "ContextTokens must be >= 1, GeneratedTokens >= 0")
         rows.append((stamp.timestamp() * 1000.0, context, generated, ()))
-    rows = _first_in_time(rows, None if limit is None else skip + limit)[skip:]
+    rows = _first_in_time(rows, limit, skip)
     start = rows[0][0] if rows else 0.0
     gen = np.random.default_rng(seed)
     requests = [
@@ -187,8 +185,9 @@ def load_azure(
 
 
 def _first_in_time(
-    rows: list[tuple[float, int, int, tuple[int, ...]]], limit: int | None
+    rows: list[tuple[float, int, int, tuple[int, ...]]], limit: int | None, skip: int = 0
 ) -> list[tuple[float, int, int, tuple[int, ...]]]:
-    """Rows in time order (stable for equal times), the first ``limit`` of them."""
+    """Rows in time order (stable for equal times): ``limit`` of them after the first
+    ``skip`` (all after them when ``limit`` is None)."""
     rows = sorted(rows, key=lambda row: row[0])
-    return rows if limit is None else rows[:limit]
+    return rows[skip:] if limit is None else rows[skip : skip + limit]
