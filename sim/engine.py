@@ -17,12 +17,22 @@ after evicting all it could waits at the head of the queue, and evicts nothing m
 ``RadixCache.ensure_free``); when its prefill completes the prompt enters the tree and
 stays locked while it decodes; when it finishes, prompt + output enter the tree, the lock is
 dropped and the reservation released.
+
+While requests wait, SGLang 0.5.23 keeps their prefixes warm (``_touch_waiting_prefixes`` in
+``managers/schedule_policy.py``, on by default: ``SGLANG_ENABLE_WAITING_PREFIX_REFRESH``):
+every 32nd time the scheduler ranks its waiting queue under FCFS, it touches the cached
+prefixes of the first 128 waiting requests, head last, so LRU evicts them in reverse
+admission order (kvroute's RLT backend, which SGLang still runs as ``lru``, marks them). It
+ranks the queue only when it may admit: not while its batch is full (a request refused for
+KV, or the running limit reached) until a request leaves, unless a chunked prefill is in
+progress. ``WorkerEngine`` does the same (``refresh_waiting``).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 
 from engine_ext.cache import RadixCache, RadixNode
 from sim.profiles import ServiceProfile
@@ -35,6 +45,9 @@ __all__ = [
     "WorkerEngine",
     "generated_tokens",
 ]
+
+WAITING_PREFIX_REFRESH_INTERVAL = 32  # SGLang 0.5.23's, in rankings of the waiting queue
+WAITING_QUEUE_PREFIX_MATCH_MAX = 128  # waiting requests touched per refresh
 
 
 class RequestTooLarge(ValueError):
@@ -84,13 +97,18 @@ class StepResult:
 class WorkerEngine:
     """Scheduler state: the waiting queue, the chunked request and the running batch."""
 
-    def __init__(self, profile: ServiceProfile, cache: RadixCache) -> None:
+    def __init__(
+        self, profile: ServiceProfile, cache: RadixCache, refresh_waiting: bool = True
+    ) -> None:
         self.profile = profile
         self.cache = cache
+        self.refresh_waiting = refresh_waiting
         self.waiting: deque[EngineRequest] = deque()
         self.chunked: EngineRequest | None = None
         self.running: list[EngineRequest] = []
         self.busy = False
+        self.full = False  # SGLang's batch_is_full: no admission until a request leaves
+        self.rankings = 0  # times the waiting queue was ranked (its prefixes touched each 32nd)
 
     @property
     def load(self) -> int:
@@ -133,10 +151,16 @@ class WorkerEngine:
             chunks.append((req, n))
             budget -= n
         limit = self.profile.max_running_requests
+        if not self.running:
+            self.full = False
+        may_admit = not (self.full or len(self.running) >= limit)
+        if self.waiting and (self.chunked is not None or may_admit):
+            self._rank_waiting()
         # A chunk that is not its request's last takes the whole budget: others join only
         # the last one (and a request cut here becomes the next chunked request).
         while budget > 0 and self.waiting:
             if len(self.running) + len(chunks) >= limit or not self._admit(self.waiting[0], now_ms):
+                self.full = bool(chunks or self.running)
                 break
             req = self.waiting.popleft()
             n = min(req.prompt_tokens - req.prefilled, budget)
@@ -148,6 +172,14 @@ class WorkerEngine:
             return None
         duration = self.profile.prefill_ms((n, req.prefilled) for req, n in chunks)
         return Step("prefill", duration, chunks=chunks)
+
+    def _rank_waiting(self) -> None:
+        """SGLang ranks the waiting queue (``calc_priority``): each 32nd time, it touches the
+        first 128 waiting requests' cached prefixes, the head last (the most recent)."""
+        if self.refresh_waiting and self.rankings % WAITING_PREFIX_REFRESH_INTERVAL == 0:
+            for req in reversed(list(islice(self.waiting, WAITING_QUEUE_PREFIX_MATCH_MAX))):
+                self.cache.match_prefix(req.prompt)
+        self.rankings += 1
 
     def _admit(self, req: EngineRequest, now_ms: float) -> bool:
         """Match, lock and reserve KV for ``req``; False (and nothing held) if it must wait."""
@@ -193,6 +225,7 @@ class WorkerEngine:
         if finished:
             done = set(map(id, finished))
             self.running = [r for r in self.running if id(r) not in done]
+            self.full = False  # a request left: SGLang admits again
         self.busy = False
         return StepResult(first, finished)
 

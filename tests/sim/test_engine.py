@@ -312,3 +312,53 @@ def test_each_chunk_publishes_its_pages_as_it_enters_the_tree() -> None:
         events = cache.events.take()
         stored_pages.append(sum(len(e.block_hashes) for e in events if isinstance(e, BlockStored)))
     assert stored_pages == [2, 2, 1]  # 8 tokens, 8 more, then the last 4: pages of 4
+
+
+def _refresh_case(eviction: str = "lru", refresh: bool = True, rankings: int = 0):
+    """Two cached prompts, ``old`` then ``new``; ``head`` needs room that evicts one of
+    them, and ``waiter``, queued behind it, shares ``old``'s prefix."""
+    cache = RadixCache(100, eviction, rng=random.Random(0))
+    eng = WorkerEngine(replace(ROUND, kv_capacity_tokens=100), cache, refresh_waiting=refresh)
+    old = EngineRequest("old", tokens(range(20)), max_new_tokens=1)
+    new = EngineRequest("new", tokens(range(100, 120)), max_new_tokens=1)
+    for r in (old, new):
+        eng.submit(r, now_ms=0)
+        drain(eng)
+    assert cache.total_tokens == 40
+    eng.rankings = rankings
+    head = EngineRequest("head", tokens(range(200, 275)), max_new_tokens=5)  # needs 80 of 60 free
+    waiter = EngineRequest("waiter", tokens(range(20), range(300, 310)), max_new_tokens=1)
+    eng.submit(head, now_ms=0)
+    eng.submit(waiter, now_ms=0)
+    return eng, head, waiter
+
+
+def test_the_waiting_queue_prefixes_are_touched_as_sglang_does() -> None:
+    """SGLang 0.5.23 touches the waiting requests' cached prefixes when it ranks the queue
+    (``_touch_waiting_prefixes``): head's admission evicts the newer prompt, not the one
+    ``waiter`` will reuse; without the refresh LRU takes the older one and waiter finds
+    nothing."""
+    eng, _, waiter = _refresh_case()
+    drain(eng)
+    assert waiter.cached == 20  # old's whole prompt
+    eng, _, waiter = _refresh_case(refresh=False)
+    drain(eng)
+    assert waiter.cached == 0
+
+
+def test_the_refresh_runs_every_32nd_ranking_and_not_while_the_batch_is_full() -> None:
+    eng, head, waiter = _refresh_case(rankings=1)  # the next ranking is not a refresh
+    drain(eng)
+    assert waiter.cached == 0
+    eng, head, waiter = _refresh_case()
+    now, seen = 0.0, []
+    while (step := eng.plan_step(now)) is not None:
+        seen.append((eng.rankings, eng.full, head.finished_ms is None))
+        now += step.duration_ms
+        eng.finish_step(step, now)
+    # head is admitted at the first ranking; waiter is refused for KV, and the queue is not
+    # ranked again while head holds its room: once more when head leaves.
+    while_head = {(r, full) for r, full, running in seen if running}
+    assert while_head == {(1, True)}
+    assert seen[-1][0] == 2
+    assert waiter.cached == 20
