@@ -1,6 +1,6 @@
 """KV events vs the approximate index: index accuracy, routing, and what events cost.
 
-Five parts, one JSON (``results/kv_events.json``) and markdown tables on stdout:
+Six parts, one JSON (``results/kv_events.json``) and markdown tables on stdout:
 
 - **accuracy + routing, simulated** (``sim``): the same workload at the same load through a
   fleet routed by ``lbgr`` on the approximate index as it is (``learn_cache`` off), on the
@@ -13,6 +13,11 @@ Five parts, one JSON (``results/kv_events.json``) and markdown tables on stdout:
   by more than a page, the hit rate, p50 and p95 latency. GSP runs four seeds, Mooncake four
   windows of the trace (three seeds each with RLT, whose random evictions make a window's
   figures move; ``sim_seeds``).
+- **foresight** (``foresight``): the Mooncake runs with events again, each request's
+  prediction set beside two references no router has: the worker's cache as the request
+  reached it, and that cache once the requests queued ahead of it were admitted (replayed
+  on a copy). Events copy a worker's cache, so no event-fed prediction does better than the
+  first; where it over-predicts too, the index is not what is missing.
 - **accuracy, emulated** (``emulated``): emulated SGLang workers (``kvroute emulate``, real
   processes) publish their events over ZMQ; the router's core subscribes with the service's
   ``KVEventFeed`` and routes GSP requests, then the densest 400 of the Mooncake trace (its
@@ -28,13 +33,14 @@ Five parts, one JSON (``results/kv_events.json``) and markdown tables on stdout:
   model is downloaded), and how long the event loop is held with and without the thread.
 - **hashing** (``hash``): a request's page hashes at 1k, 8k and 32k tokens, pages 1 and 16.
 
-    python benchmarks/kv_events.py            # ~15 min on 2 cores
-    python benchmarks/kv_events.py --quick    # ~3 min
+    python benchmarks/kv_events.py            # ~16 min on 2 cores
+    python benchmarks/kv_events.py --quick    # ~3.5 min
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import random
@@ -62,8 +68,10 @@ from router_service.routing import Router, RouteRequest, WorkerStatus, make_poli
 from router_service.routing.block_hash import iter_page_hashes, token_bytes
 from router_service.routing.block_sets import BlockSets
 from sim.cluster import ClusterConfig, RequestRecord, simulate
+from sim.engine import EngineRequest
 from sim.local_cluster import free_port, wait_healthy
 from sim.profiles import get_profile
+from sim.worker import SimWorker
 from sim.workloads import GSPConfig, GSPWorkload, load_mooncake
 from sim.workloads.base import Workload
 
@@ -168,6 +176,58 @@ def sim_summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _hit_rate(done: list[RequestRecord]) -> float:
     prompt = sum(r.prompt_tokens for r in done)
     return sum(r.cached_tokens for r in done) / prompt if prompt else 0.0
+
+
+# -- foresight -----------------------------------------------------------------------------
+# What an index could know at best: the events index copies a worker's cache, so no event-fed
+# prediction beats the cache itself as the request reaches the worker. Two references per
+# request, against the router's events prediction on the same run: the worker's cache then
+# ("seen"), and that cache once the requests queued ahead of the request are admitted and
+# have prefilled ("ahead": replayed on a copy, in queue order, up to the first that cannot be
+# admitted before a request leaves; SGLang admits FCFS, so nothing behind it goes first).
+def foresight(worker: SimWorker, req: EngineRequest) -> tuple[int, int]:
+    """(seen, ahead) cached tokens of ``req`` on ``worker`` (``min(match, prompt - 1)``, as
+    the worker counts them)."""
+    engine = worker.engine
+    seen = engine.cache.peek_prefix(req.prompt)
+    cache = copy.deepcopy(engine.cache) if engine.waiting and seen else None
+    for queued in engine.waiting if cache is not None else ():
+        match = cache.match_prefix(queued.prompt)
+        cache.lock(match.node)
+        new = queued.prompt_tokens - min(match.length, queued.prompt_tokens - 1)
+        if not cache.ensure_free(new + queued.max_new_tokens):
+            break
+        cache.reserve(queued.max_new_tokens)  # its prompt's KV enters the tree, locked
+        cache.lock(cache.insert(queued.prompt).node)
+    ahead = seen if cache is None else cache.peek_prefix(req.prompt)
+    last = req.prompt_tokens - 1
+    return min(seen, last), min(ahead, last)
+
+
+def foresight_run(job: tuple[str, bool, int, int]) -> dict[str, Any]:
+    """The Mooncake trace with events, one window: the router's prediction, the worker's cache
+    as the request reached it, and that cache after the queue ahead: each against what the
+    worker then found."""
+    eviction, quick, variant, seed = job
+    refs: dict[str, tuple[int, int]] = {}
+    run = simulate(
+        ClusterConfig(workers=4, eviction=eviction, page_size=PAGE, kv_events=True, seed=seed),
+        sim_workload("mooncake", quick, variant),
+        on_submit=lambda worker, req: refs.__setitem__(req.rid, foresight(worker, req)),
+    )
+    done = [r for r in run.records if r.finished_ms is not None and not r.failed]
+    row: dict[str, Any] = {"eviction": eviction, "variant": variant, "seed": seed}
+    for name, predicted in (
+        ("events", lambda r: r.predicted_cached or 0),
+        ("seen", lambda r: refs[r.rid][0]),
+        ("ahead", lambda r: refs[r.rid][1]),
+    ):
+        pairs = [(predicted(r), r.cached_tokens) for r in done]
+        row[name] = {
+            **accuracy(pairs),
+            "under_page_share": sum(rep - p > PAGE for p, rep in pairs) / len(pairs),
+        }
+    return row
 
 
 # -- emulated -------------------------------------------------------------------------------
@@ -522,8 +582,8 @@ def main() -> int:
     parser.add_argument(
         "--parts",
         nargs="+",
-        default=["sim", "emulated", "cost", "tokenize", "hash"],
-        choices=["sim", "emulated", "cost", "tokenize", "hash"],
+        default=["sim", "foresight", "emulated", "cost", "tokenize", "hash"],
+        choices=["sim", "foresight", "emulated", "cost", "tokenize", "hash"],
         help="which parts to run (default: all)",
     )
     args = parser.parse_args()
@@ -547,6 +607,20 @@ def main() -> int:
         print(table(figures["sim"], ["variant", "seed", *cols, "p50_ms", "p95_ms", "failed"]))
         ranged = [f"{c}_range" for c in ("over_page_share", "hit_rate", "p50_ms", "p95_ms")]
         print(table(figures["sim_summary"], [*cols, "p50_ms", "p95_ms", *ranged, "runs"]))
+    if "foresight" in args.parts and TRACE.exists():
+        figures["foresight"] = [
+            foresight_run((e, args.quick, variant, seed))
+            for e in ("lru", "rlt")
+            for variant in SIM_VARIANTS
+            for seed in sim_seeds("mooncake", e, variant)
+        ]
+        rows = [
+            {**{c: r[c] for c in ("eviction", "variant", "seed")}, "index": k, **r[k]}
+            for r in figures["foresight"]
+            for k in ("events", "seen", "ahead")
+        ]
+        cols = ["eviction", "variant", "seed", "index", "mae_tokens", "over_page_share"]
+        print(table(rows, [*cols, "under_page_share", "requests"]))
     if "emulated" in args.parts:
         figures["emulated"] = [
             asyncio.run(emulated(e, args.quick, w))

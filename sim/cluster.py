@@ -173,8 +173,10 @@ def simulate(
     config: ClusterConfig,
     workload: Workload,
     on_progress: Callable[[int], None] | None = None,
+    on_submit: Callable[[SimWorker, EngineRequest], None] | None = None,
 ) -> SimRun:
-    """Run ``workload`` through the fleet; deterministic for a given config and workload."""
+    """Run ``workload`` through the fleet; deterministic for a given config and workload.
+    ``on_submit`` sees each request as it reaches its worker, before it queues there."""
     env = Environment()
     rng = random.Random(config.seed)
     blocks = BlockSets(stale_s=30.0) if config.kv_events else None
@@ -309,6 +311,8 @@ def simulate(
 
     def deliver(worker: SimWorker, item: WorkloadRequest) -> None:
         req = EngineRequest(item.rid, item.prompt, item.max_new_tokens, item.output)
+        if on_submit is not None:
+            on_submit(worker, req)
         try:
             worker.submit(req)
         except RequestTooLarge as exc:

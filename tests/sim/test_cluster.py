@@ -147,6 +147,20 @@ def test_same_seed_gives_an_identical_json() -> None:
     assert run_json(config, small_gsp(seed=8)) != first
 
 
+def test_on_submit_sees_each_request_reach_its_worker_before_it_queues() -> None:
+    seen: list[tuple[str, str, bool]] = []
+    run = simulate(
+        ClusterConfig(workers=3, policy="lbgr", seed=1),
+        small_gsp(seed=1),
+        on_submit=lambda worker, req: seen.append(
+            (req.rid, worker.url, req in worker.engine.waiting)
+        ),
+    )
+    assert sorted(rid for rid, _, _ in seen) == sorted(r.rid for r in run.records)
+    assert {rid: url for rid, url, _ in seen} == {r.rid: r.worker for r in run.records}
+    assert not any(queued for _, _, queued in seen)
+
+
 @pytest.mark.parametrize("policy", ["random", "round_robin", "power_of_two", "cache_aware", "lbgr"])
 @pytest.mark.parametrize("eviction", ["lru", "rlt"])
 def test_every_policy_and_eviction_completes_a_small_run(policy: str, eviction: str) -> None:
