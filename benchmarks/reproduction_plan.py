@@ -2,7 +2,8 @@
 
 Every row is one command line (workload flags + fleet flags + one policy and eviction), parsed
 with kvroute's own parser, so the page's commands reproduce its rows. The paper's set-up is on
-every row (``fleet``): prompts sent as text, RLT's paper marking rule, ``lbgr_paper``.
+every row (``fleet``): prompts sent as text, RLT's paper marking rule, workers that do not
+refresh their waiting requests' prefixes (SGLang 0.4.6, the paper's engine), ``lbgr_paper``.
 """
 
 from __future__ import annotations
@@ -122,13 +123,22 @@ def fleet(
     workers: int | str, speed: float | str = 1.0, prompt: str = "text", marking: str = "split"
 ) -> tuple[str, ...]:
     """Fleet flags: workers, the service model's speed (``--worker-speeds``, none at 1), what
-    the client sends and RLT's marking rule; a str is a placeholder in the commands shown."""
+    the client sends, RLT's marking rule and SGLang 0.4.6's scheduler (no waiting-queue
+    refresh); a str is a placeholder in the commands shown."""
     flags = ["--workers", str(workers)]
     if isinstance(speed, str):
         flags += ["--worker-speeds", f"{speed},...,{speed}"]
     elif speed != 1.0:
         flags += ["--worker-speeds", ",".join([f"{speed:g}"] * int(workers))]
-    return (*flags, "--prompt-format", prompt, "--rlt-marking", marking)
+    return (
+        *flags,
+        "--prompt-format",
+        prompt,
+        "--rlt-marking",
+        marking,
+        "--waiting-refresh",
+        "off",
+    )
 
 
 def seeded(argv: tuple[str, ...], seed: int | str) -> tuple[str, ...]:

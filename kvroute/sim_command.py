@@ -183,6 +183,13 @@ def add_parser(sub: Any) -> None:
         "(split: the paper's code); an insert marks its path either way",
     )
     f.add_argument(
+        "--waiting-refresh",
+        choices=("on", "off"),
+        default="on",
+        help="workers touch their waiting requests' cached prefixes so they are evicted last, "
+        "as SGLang 0.5.23 does (on); SGLang 0.4.6, the paper's, did not (off)",
+    )
+    f.add_argument(
         "--capacity-tokens",
         type=_positive_int,
         default=None,
@@ -236,6 +243,7 @@ def cluster_config(args: argparse.Namespace, policy: str, eviction: str) -> Clus
         prompt_format=args.prompt_format,
         output_hint=args.output_hint,
         marking=args.rlt_marking,
+        refresh_waiting=args.waiting_refresh == "on",
     )
 
 

@@ -75,6 +75,8 @@ class ClusterConfig:
     ``prompt_format``: what the client sends the router (``PROMPT_FORMATS``, module
     docstring). ``marking``: what a cache match marks under ``rlt`` (``engine_ext.cache``'s
     ``MARKINGS``: the whole matched path, or only a node the match splits, as the paper's code).
+    ``refresh_waiting``: the workers keep their waiting requests' prefixes warm, as SGLang
+    0.5.23 does (``sim.engine``); off, as SGLang 0.4.6 (the paper's) did not.
     """
 
     workers: int = 4
@@ -96,6 +98,7 @@ class ClusterConfig:
     prompt_format: str = "ids"
     marking: str = "path"
     output_hint: str = "exact"
+    refresh_waiting: bool = True
 
     def __post_init__(self) -> None:
         if self.prompt_format not in PROMPT_FORMATS:
@@ -259,6 +262,7 @@ def simulate(
                 first_token,
                 finish,
                 last_step if queue is not None and config.hold.free_at_last_token else None,
+                refresh_waiting=config.refresh_waiting,
             )
         )
     by_url = dict(zip(urls, workers, strict=True))

@@ -26,12 +26,13 @@ class SimWorker:
         on_first_token: Callback,
         on_finish: Callback,
         on_last_step: Callback | None = None,
+        refresh_waiting: bool = True,
     ) -> None:
         self.env = env
         self.url = url
         self.profile = profile
         self.cache = cache
-        self.engine = WorkerEngine(profile, cache)
+        self.engine = WorkerEngine(profile, cache, refresh_waiting)
         self._on_first_token = on_first_token
         self._on_finish = on_finish
         self._on_last_step = on_last_step

@@ -26,6 +26,7 @@ from reproduction_plan import workload_of
 from reproduction_rows import POLICIES
 
 from kvroute.cli import build_parser
+from kvroute.sim_command import cluster_config
 
 
 # -- bands and verdicts -------------------------------------------------------------------------
@@ -124,6 +125,8 @@ def test_every_planned_command_parses_and_runs_the_papers_set_up() -> None:
         assert args.rlt_marking == (
             "path" if task.table.startswith(("marking", "pass_marking")) else "split"
         )
+        assert args.waiting_refresh == "off"  # SGLang 0.4.6's scheduler, the paper's
+        assert not cluster_config(args, task.policy, task.eviction).refresh_waiting
     assert {t.policy for t in tasks} >= {"cache_aware", "lbgr_paper", "round_robin"}
     assert "lbgr" not in {t.policy for t in tasks}
     assert "threshold 0.51" not in " ".join(layout["bands"].values())
