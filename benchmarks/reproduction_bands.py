@@ -138,10 +138,10 @@ def max_band(rows: Sequence[Row], tables: Sequence[str], metric: str) -> Band | 
 
 
 # -- one worker around one round_robin pass ------------------------------------------------------
-def pass_points(rows: Sequence[Row]) -> list[dict[str, Any]]:
+def pass_points(rows: Sequence[Row], table: str = "pass") -> list[dict[str, Any]]:
     """Per capacity (as a fraction of one pass): lru and rlt hit rates, their finite ratios
     and rlt's throughput factor over lru, each over the band."""
-    sub = [r for r in rows if r["table"] == "pass"]
+    sub = [r for r in rows if r["table"] == table]
     points = []
     for factor in sorted({r["pass_factor"] for r in sub}):
         at = [r for r in sub if r["pass_factor"] == factor]
@@ -167,10 +167,10 @@ def pass_points(rows: Sequence[Row]) -> list[dict[str, Any]]:
     return points
 
 
-def pass_max_band(rows: Sequence[Row], key: str) -> Band | None:
+def pass_max_band(rows: Sequence[Row], key: str, table: str = "pass") -> Band | None:
     """Per run, the largest finite value of ``key`` ("ratio" or "throughput" of rlt over
     lru) over the capacities; the band of those "up to" figures."""
-    sub = [r for r in rows if r["table"] == "pass"]
+    sub = [r for r in rows if r["table"] == table]
     values = []
     for run in sorted({(r["seed"], r["speed"]) for r in sub}):
         best: float | None = None

@@ -43,6 +43,23 @@ def _text(found: Band | None, fmt: Any) -> str:
     return "none" if found is None else found.text(fmt)
 
 
+def refresh_note(rows: Sequence[Row]) -> str:
+    """The one-pass study on SGLang 0.5.23's scheduler against 0.4.6's (``pass_refresh``)."""
+    figures = []
+    for table in ("pass", "pass_refresh"):
+        points = pass_points(rows, table)
+        zero = sum(p["lru_zero"] for p in points)
+        total = sum(p["runs"] for p in points)
+        hit, gain = pass_max_band(rows, "ratio", table), pass_max_band(rows, "throughput", table)
+        figures.append((_text(hit, x), _text(gain, pct), f"{zero} of {total}"))
+    (hit0, gain0, zero0), (hit1, gain1, zero1) = figures
+    return (
+        f"Per run, the largest rlt/lru where both hit: {hit1} on 0.5.23's scheduler, against "
+        f"{hit0} on 0.4.6's (above); rlt's largest throughput gain over lru: {gain1} against "
+        f"{gain0}; runs where lru hits nothing: {zero1} against {zero0}."
+    )
+
+
 # -- the headline table ------------------------------------------------------------------------
 def claims(rows: Sequence[Row], layout: dict[str, Any]) -> list[dict[str, str]]:
     """One line per paper figure: its setting here, our band, the verdict and why."""
@@ -208,6 +225,8 @@ def render(
         "sensitivity_section": sensitivity_section(rows, layout),
         "sweep_gsp": sweep_section(rows, layout, "gsp_round_robin"),
         "pass_section": pass_section(rows, layout),
+        "pass_refresh_section": pass_section(rows, layout, "pass_refresh"),
+        "refresh_note": refresh_note(rows),
         "sweep_cyclic": sweep_section(rows, layout, "cyclic"),
         "workers_section": workers_section(rows, layout),
         "routing_ceiling_section": routing_ceiling_section(rows, layout),

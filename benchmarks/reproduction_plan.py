@@ -120,11 +120,16 @@ class Scale:
 
 
 def fleet(
-    workers: int | str, speed: float | str = 1.0, prompt: str = "text", marking: str = "split"
+    workers: int | str,
+    speed: float | str = 1.0,
+    prompt: str = "text",
+    marking: str = "split",
+    refresh: str = "off",
 ) -> tuple[str, ...]:
     """Fleet flags: workers, the service model's speed (``--worker-speeds``, none at 1), what
-    the client sends, RLT's marking rule and SGLang 0.4.6's scheduler (no waiting-queue
-    refresh); a str is a placeholder in the commands shown."""
+    the client sends, RLT's marking rule and whether the workers refresh their waiting
+    requests' prefixes (off: SGLang 0.4.6's scheduler, the paper's); a str is a placeholder
+    in the commands shown."""
     flags = ["--workers", str(workers)]
     if isinstance(speed, str):
         flags += ["--worker-speeds", f"{speed},...,{speed}"]
@@ -137,7 +142,7 @@ def fleet(
         "--rlt-marking",
         marking,
         "--waiting-refresh",
-        "off",
+        refresh,
     )
 
 
@@ -306,18 +311,27 @@ def plan_pass(scale: Scale, layout: dict[str, Any]) -> list[Task]:
             capacity = str(round(factor * one_pass))
             extra = (("seed", seed), ("pass_factor", factor), ("pass_tokens", one_pass))
             for speed in scale.speeds:
-                flags = ("--workers", "1", "--capacity-tokens", capacity, *fleet(1, speed)[2:])
-                tasks += [
-                    Task(
-                        "pass",
-                        seeded(argv, seed),
-                        flags,
-                        "round_robin",
-                        e,
-                        (*extra, ("speed", speed)),
+                # "pass_refresh": the same on SGLang 0.5.23's scheduler, which refreshes its
+                # waiting requests' prefixes.
+                for table, refresh in (("pass", "off"), ("pass_refresh", "on")):
+                    flags = (
+                        "--workers",
+                        "1",
+                        "--capacity-tokens",
+                        capacity,
+                        *fleet(1, speed, refresh=refresh)[2:],
                     )
-                    for e in EVICTIONS
-                ]
+                    tasks += [
+                        Task(
+                            table,
+                            seeded(argv, seed),
+                            flags,
+                            "round_robin",
+                            e,
+                            (*extra, ("speed", speed)),
+                        )
+                        for e in EVICTIONS
+                    ]
             if factor in (0.99, 1.0):  # the rlt side with the whole-path marking rule
                 flags = (
                     "--workers",
@@ -329,16 +343,23 @@ def plan_pass(scale: Scale, layout: dict[str, Any]) -> list[Task]:
                 tasks.append(
                     Task("pass_marking", seeded(argv, seed), flags, "round_robin", "rlt", extra)
                 )
-    layout["pass"] = {
-        "passes": passes,
-        "factors": scale.pass_factors,
-        "command": command(
-            seeded(argv, "S"),
-            ("--workers", "1", "--capacity-tokens", "F x PASS", *fleet(1, "X")[2:]),
-            "round_robin",
-            "lru rlt",
-        ),
-    }
+    for table, refresh in (("pass", "off"), ("pass_refresh", "on")):
+        layout[table] = {
+            "passes": passes,
+            "factors": scale.pass_factors,
+            "command": command(
+                seeded(argv, "S"),
+                (
+                    "--workers",
+                    "1",
+                    "--capacity-tokens",
+                    "F x PASS",
+                    *fleet(1, "X", refresh=refresh)[2:],
+                ),
+                "round_robin",
+                "lru rlt",
+            ),
+        }
     return tasks
 
 

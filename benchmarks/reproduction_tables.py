@@ -222,10 +222,11 @@ def sweep_section(rows: Sequence[Row], layout: dict[str, Any], key: str) -> str:
     )
 
 
-def pass_section(rows: Sequence[Row], layout: dict[str, Any]) -> str:
-    """GSP round_robin, one worker, around one pass, over the bands."""
+def pass_section(rows: Sequence[Row], layout: dict[str, Any], table: str = "pass") -> str:
+    """GSP round_robin, one worker, around one pass, over the bands (``pass_refresh``: on
+    SGLang 0.5.23's scheduler)."""
     lines = []
-    for p in pass_points(rows):
+    for p in pass_points(rows, table):
         lines.append(
             {
                 "factor": f"{p['factor']:g}",
@@ -242,10 +243,10 @@ def pass_section(rows: Sequence[Row], layout: dict[str, Any]) -> str:
         ("rlt/lru where both hit", "ratio", "{}"),
         ("throughput, rlt vs lru", "throughput", "{}"),
     )
-    one_pass = next(iter(layout["pass"]["passes"].values()))
+    one_pass = next(iter(layout[table]["passes"].values()))
     return (
-        f"`{layout['pass']['command']}` (PASS = {one_pass:,} tokens for every seed; F in "
-        f"{', '.join(f'{f:g}' for f in layout['pass']['factors'])})\n\n"
+        f"`{layout[table]['command']}` (PASS = {one_pass:,} tokens for every seed; F in "
+        f"{', '.join(f'{f:g}' for f in layout[table]['factors'])})\n\n"
         + markdown_table(lines, columns)
         + "\n"
     )
