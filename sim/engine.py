@@ -107,7 +107,9 @@ class WorkerEngine:
         self.chunked: EngineRequest | None = None
         self.running: list[EngineRequest] = []
         self.busy = False
-        self.full = False  # SGLang's batch_is_full: no admission until a request leaves
+        # SGLang's batch_is_full: it ranks its queue again only once a request leaves. Here it
+        # gates the ranking only; admission is retried each step and finds what it found.
+        self.full = False
         self.rankings = 0  # times the waiting queue was ranked (its prefixes touched each 32nd)
 
     @property
