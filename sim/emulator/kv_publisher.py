@@ -73,15 +73,21 @@ class KVEventPublisher:
     def __init__(self, settings: KVEventsSettings) -> None:
         self.settings = settings
         self._ctx = zmq.asyncio.Context()
-        self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.setsockopt(zmq.SNDHWM, settings.hwm)
-        self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.bind(settings.endpoint)
         self._replay: zmq.asyncio.Socket | None = None
-        if settings.replay_endpoint is not None:
-            self._replay = self._ctx.socket(zmq.ROUTER)
-            self._replay.setsockopt(zmq.LINGER, 0)
-            self._replay.bind(settings.replay_endpoint)
+        try:
+            self._pub = self._ctx.socket(zmq.PUB)
+            self._pub.setsockopt(zmq.SNDHWM, settings.hwm)
+            self._pub.setsockopt(zmq.LINGER, 0)
+            self._pub.bind(settings.endpoint)
+            if settings.replay_endpoint is not None:
+                self._replay = self._ctx.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.LINGER, 0)
+                self._replay.bind(settings.replay_endpoint)
+        except zmq.ZMQError:
+            # A port in use: close what was opened now. A context left to the garbage
+            # collector terms in whichever thread collects it, and term() can block there.
+            self._ctx.destroy(linger=0)
+            raise
         self._topic = settings.topic.encode()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=settings.buffer_steps)
         self._seq = 0

@@ -8,7 +8,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -79,18 +78,16 @@ def service_settings(**values: Any) -> Settings:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def port_outside_ephemeral_range() -> int:
-    """A free port below the kernel's ephemeral range, for a server that is stopped and
-    started again on the same port (Redis): no socket bound to port 0, and no outgoing
-    connection, is ever given such a port, so none can take it while the server is down.
-    Never the same one twice (``sim.local_cluster.free_ports``)."""
+    """A port free now for a server that binds it later: below the ephemeral range, where no
+    outgoing connection can take it meanwhile, and never the same one twice. A port from
+    ``bind(("127.0.0.1", 0))`` was once taken by another test's connection before its ZMQ
+    publisher bound it (``Address already in use``)."""
     return below_ephemeral_port()
+
+
+# The name the Redis topologies use: a server stopped and started again on the same port
+# needs the same guarantee (nothing can take the port while the server is down).
+port_outside_ephemeral_range = free_port
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float = 5.0, every_s: float = 0.02) -> bool:

@@ -61,7 +61,12 @@ class Emulator:
             await self.runner.setup()
             await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
 
-        asyncio.run_coroutine_threadsafe(serve(), self.loop).result(15)
+        try:
+            asyncio.run_coroutine_threadsafe(serve(), self.loop).result(15)
+        except BaseException:
+            self.loop.call_soon_threadsafe(self.loop.stop)  # no loop thread outlives the test
+            self.thread.join(15)
+            raise
         return self
 
     def stop(self) -> None:

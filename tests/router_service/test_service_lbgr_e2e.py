@@ -32,8 +32,11 @@ def test_slow_worker_gets_less_traffic(
 ) -> None:
     # The slow worker comes first: ties go to it, so it must be learned away, not ignored.
     # Both fake workers are far faster than lbgr's prior (an L40 decoding the 3 tokens they
-    # return): the default's signed ratio still tells them apart.
-    slow, fast = workers("slow", delay_s=0.15), workers("fast")
+    # return): the default's signed ratio still tells them apart. The paper's residual is a
+    # mean with no exploration: the fast worker's first answer sets its residual, so a stall
+    # of the test process on that answer longer than the slow worker's delay would lock the
+    # traffic onto the slow one (seen once in CI at 0.15 s). 0.5 s leaves a wide margin.
+    slow, fast = workers("slow", delay_s=0.5), workers("fast")
     router = routers(worker_urls=[slow.url, fast.url], policy=policy, model=model)
 
     async def run() -> Counter[str]:

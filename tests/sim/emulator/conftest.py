@@ -41,7 +41,13 @@ class EmulatorServer:
 
     def start(self) -> EmulatorServer:
         self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(15)
+        try:
+            asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(15)
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)  # no loop thread outlives the test
+            self._thread.join(15)
+            self._sock.close()
+            raise
         return self
 
     async def _serve(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,6 +25,7 @@ from router_service.kv_wire import BlockStored, EventBatch, encode_batch, encode
 from router_service.routing.block_hash import page_hashes
 from router_service.routing.block_sets import BlockSets
 from sim.emulator.app import PUBLISHER
+from sim.emulator.kv_publisher import KVEventPublisher, KVEventsSettings
 from sim.local_cluster import free_port
 
 PAGE = 4
@@ -178,3 +180,24 @@ def test_malformed_messages_on_the_socket_are_dropped_and_counted() -> None:
     finally:
         pub.close(linger=0)
         ctx.term()
+
+
+def test_a_replay_port_in_use_fails_the_start_and_closes_what_it_opened() -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    events = free_port()
+    settings = KVEventsSettings(
+        endpoint=f"tcp://127.0.0.1:{events}",
+        replay_endpoint=f"tcp://127.0.0.1:{taken.getsockname()[1]}",
+    )
+    try:
+        with pytest.raises(zmq.ZMQError, match="Address already in use") as caught:
+            KVEventPublisher(settings)
+        # The PUB socket bound before the replay's failed: its port is free again at once,
+        # while the traceback (which holds the publisher, as a test report does) lives on.
+        with socket.socket() as again:
+            again.bind(("127.0.0.1", events))
+        assert caught.traceback
+    finally:
+        taken.close()
