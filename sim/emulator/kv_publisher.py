@@ -122,10 +122,9 @@ class KVEventPublisher:
         self._seq += 1
         payload = encode_batch(EventBatch(time.time(), events))
         self._buffer.append((seq, payload))
-        try:
-            self._pub.send_multipart([self._topic, encode_seq(seq), payload], flags=zmq.NOBLOCK)
-        except zmq.Again:  # past the high-water mark: subscribers see a gap and replay it
-            log.debug("KV-event batch %d not sent: PUB queue full", seq)
+        # PUB never blocks and never raises for a slow subscriber: past the high-water mark
+        # it drops the batch for that one, who sees the gap in the sequence and replays it.
+        self._pub.send_multipart([self._topic, encode_seq(seq), payload], flags=zmq.NOBLOCK)
         self.published += 1
 
     async def _serve_replays(self) -> None:
