@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 from typing import Any
 
 from kvroute.workload_args import positive_float, positive_int
@@ -92,7 +93,16 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             KVEventsSettings.parse(args.kv_events_config)
         except ValueError as exc:
             parser.error(str(exc))
-    web.run_app(
-        create_emulator_app(config), host=args.host, port=args.port, print=None, access_log=None
-    )
+    # Bind here, not in aiohttp, so a port in use is a clear error (exit 2), not a traceback.
+    try:
+        family = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.create_server((args.host, args.port), family=family)
+    except OSError as exc:
+        parser.error(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
+    import zmq
+
+    try:
+        web.run_app(create_emulator_app(config), sock=sock, print=None, access_log=None)
+    except zmq.ZMQError as exc:  # the KV-event endpoints bind as the app starts
+        parser.error(f"--kv-events-config: cannot bind a KV-event endpoint: {exc}")
     return 0

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from kvroute.cli import COMMANDS, build_parser, main
+from sim.local_cluster import free_port
 
 HEAVY = ("numpy", "river", "scipy", "router_service", "sim", "models", "uvicorn", "aiohttp")
 
@@ -126,3 +127,22 @@ def test_bench_against_nothing_listening_exits_2_and_says_so(
     assert f"cannot reach {url}" in err
     assert "Connection refused" in err
     assert time.perf_counter() - started < 10  # no requests were sent and timed out
+
+
+@pytest.mark.parametrize("taken", ["http", "kv_events"])
+def test_emulate_on_a_port_in_use_exits_2_and_names_it(taken: str) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        busy = int(held.getsockname()[1])
+        args = [sys.executable, "-m", "kvroute", "emulate", "--port", str(busy)]
+        if taken == "kv_events":
+            args[-1] = str(free_port())  # below the ephemeral range: nothing takes it meanwhile
+            args += ["--kv-events-config", json.dumps({"endpoint": f"tcp://127.0.0.1:{busy}"})]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"127.0.0.1:{busy}" in done.stderr
+    assert "Address already in use" in done.stderr
+    if taken == "kv_events":
+        assert "--kv-events-config" in done.stderr
