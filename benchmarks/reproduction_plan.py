@@ -35,6 +35,9 @@ PASS_FACTORS = (0.95, 0.98, 0.99, 0.995, 1.0, 1.0025, 1.005, 1.01, 1.05, 1.1, 1.
 WORKER_COUNTS = tuple(range(1, 11))
 SEEDS = (0, 1, 2, 3, 4)
 SPEEDS = (0.8, 1.0, 1.2)  # the service model's speed: how close to saturation the fleet runs
+# The one-pass study's tables, by the scheduler they run: SGLang 0.4.6's (the paper's, no
+# waiting-queue refresh) and 0.5.23's, which refreshes its waiting requests' prefixes.
+PASS_SCHEDULERS = (("pass", "off"), ("pass_refresh", "on"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,12 +128,15 @@ def fleet(
     prompt: str = "text",
     marking: str = "split",
     refresh: str = "off",
+    capacity: int | str | None = None,
 ) -> tuple[str, ...]:
-    """Fleet flags: workers, the service model's speed (``--worker-speeds``, none at 1), what
-    the client sends, RLT's marking rule and whether the workers refresh their waiting
-    requests' prefixes (off: SGLang 0.4.6's scheduler, the paper's); a str is a placeholder
-    in the commands shown."""
+    """Fleet flags: workers, their KV capacity (``--capacity-tokens``, the profile's when
+    None), the service model's speed (``--worker-speeds``, none at 1), what the client sends,
+    RLT's marking rule and whether the workers refresh their waiting requests' prefixes (off:
+    SGLang 0.4.6's scheduler, the paper's); a str is a placeholder in the commands shown."""
     flags = ["--workers", str(workers)]
+    if capacity is not None:
+        flags += ["--capacity-tokens", str(capacity)]
     if isinstance(speed, str):
         flags += ["--worker-speeds", f"{speed},...,{speed}"]
     elif speed != 1.0:
@@ -261,7 +267,7 @@ def plan_sweeps(scale: Scale, layout: dict[str, Any]) -> list[Task]:
         working_set = reusable(argv)
         points = sorted({*(round(f * working_set) for f in SWEEP_FACTORS), default})
         for capacity in points:
-            fleet_argv = ("--workers", "1", "--capacity-tokens", str(capacity), *fleet(1)[2:])
+            fleet_argv = fleet(1, capacity=capacity)
             extra = (
                 ("capacity_factor", capacity / working_set),
                 ("paper_default", capacity == default),
@@ -276,7 +282,7 @@ def plan_sweeps(scale: Scale, layout: dict[str, Any]) -> list[Task]:
             "capacities": points,
             "command": command(
                 argv,
-                ("--workers", "1", "--capacity-tokens", "C", *fleet(1)[2:]),
+                fleet(1, capacity="C"),
                 "round_robin",
                 "lru rlt",
             )
@@ -286,7 +292,7 @@ def plan_sweeps(scale: Scale, layout: dict[str, Any]) -> list[Task]:
     cyclic = scale.cyclic()
     for seed in scale.seeds:
         for speed in scale.speeds:
-            flags = ("--workers", "1", "--capacity-tokens", str(default), *fleet(1, speed)[2:])
+            flags = fleet(1, speed, capacity=default)
             extra = (("seed", seed), ("speed", speed))
             tasks += [
                 Task("cyclic_band", seeded(cyclic, seed), flags, "round_robin", e, extra)
@@ -294,7 +300,7 @@ def plan_sweeps(scale: Scale, layout: dict[str, Any]) -> list[Task]:
             ]
     layout["cyclic_band"] = command(
         seeded(cyclic, "S"),
-        ("--workers", "1", "--capacity-tokens", str(default), *fleet(1, "X")[2:]),
+        fleet(1, "X", capacity=default),
         "round_robin",
         "lru rlt",
     )
@@ -311,16 +317,8 @@ def plan_pass(scale: Scale, layout: dict[str, Any]) -> list[Task]:
             capacity = str(round(factor * one_pass))
             extra = (("seed", seed), ("pass_factor", factor), ("pass_tokens", one_pass))
             for speed in scale.speeds:
-                # "pass_refresh": the same on SGLang 0.5.23's scheduler, which refreshes its
-                # waiting requests' prefixes.
-                for table, refresh in (("pass", "off"), ("pass_refresh", "on")):
-                    flags = (
-                        "--workers",
-                        "1",
-                        "--capacity-tokens",
-                        capacity,
-                        *fleet(1, speed, refresh=refresh)[2:],
-                    )
+                for table, refresh in PASS_SCHEDULERS:
+                    flags = fleet(1, speed, refresh=refresh, capacity=capacity)
                     tasks += [
                         Task(
                             table,
@@ -333,29 +331,17 @@ def plan_pass(scale: Scale, layout: dict[str, Any]) -> list[Task]:
                         for e in EVICTIONS
                     ]
             if factor in (0.99, 1.0):  # the rlt side with the whole-path marking rule
-                flags = (
-                    "--workers",
-                    "1",
-                    "--capacity-tokens",
-                    capacity,
-                    *fleet(1, marking="path")[2:],
-                )
+                flags = fleet(1, marking="path", capacity=capacity)
                 tasks.append(
                     Task("pass_marking", seeded(argv, seed), flags, "round_robin", "rlt", extra)
                 )
-    for table, refresh in (("pass", "off"), ("pass_refresh", "on")):
+    for table, refresh in PASS_SCHEDULERS:
         layout[table] = {
             "passes": passes,
             "factors": scale.pass_factors,
             "command": command(
                 seeded(argv, "S"),
-                (
-                    "--workers",
-                    "1",
-                    "--capacity-tokens",
-                    "F x PASS",
-                    *fleet(1, "X", refresh=refresh)[2:],
-                ),
+                fleet(1, "X", refresh=refresh, capacity="F x PASS"),
                 "round_robin",
                 "lru rlt",
             ),
@@ -387,7 +373,7 @@ def plan_routing_ceiling(scale: Scale, layout: dict[str, Any]) -> list[Task]:
     workload (nothing is evicted): what the routing alone keeps together."""
     gsp = scale.gsp("random")
     unlimited = sum(len(r.prompt) + r.max_new_tokens for r in workload_of(gsp))
-    flags = ("--workers", "4", "--capacity-tokens", str(unlimited), *fleet(4)[2:])
+    flags = fleet(4, capacity=unlimited)
     layout["routing_ceiling"] = {
         "capacity_tokens": unlimited,
         "command": command(gsp, flags, " ".join(POLICIES), "lru"),
