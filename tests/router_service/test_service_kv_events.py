@@ -8,33 +8,31 @@ clock (``refresh``), not by waiting for the timer.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
-from aiohttp import web
+from emulator_server import EmulatorServer
 from router_harness import ADMIN_TOKEN, RouterServer, free_port, service_settings, wait_until
 
-from sim.emulator import EmulatorConfig, create_emulator_app
+from sim.emulator import EmulatorConfig
 from sim.emulator.server import RUNTIME
 
 PAGE = 4
 PROMPT = list(range(200, 264))  # 64 tokens: 16 pages
 
 
-class Emulator:
-    """An emulated worker publishing KV events, served from a thread."""
+class Emulator(EmulatorServer):
+    """An emulated worker publishing KV events (or not: ``events=False``), served from a
+    thread."""
 
     def __init__(self, *, events: bool = True, bind: str = "127.0.0.1", **config: Any) -> None:
         self.events, self.replay = free_port(), free_port()
         kv = {"endpoint": f"tcp://{bind}:{self.events}"}
         kv["replay_endpoint"] = f"tcp://{bind}:{self.replay}"
-        self.port = free_port()
-        self.app = create_emulator_app(
+        super().__init__(
             EmulatorConfig(
                 time_scale=50.0,
                 page_size=PAGE,
@@ -42,37 +40,10 @@ class Emulator:
                 **config,
             )
         )
-        self.runner = web.AppRunner(self.app, access_log=None)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def source(self) -> str:
         return f"tcp://127.0.0.1:{self.events},tcp://127.0.0.1:{self.replay}"
-
-    def start(self) -> Emulator:
-        self.thread.start()
-
-        async def serve() -> None:
-            await self.runner.setup()
-            await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-
-        try:
-            asyncio.run_coroutine_threadsafe(serve(), self.loop).result(15)
-        except BaseException:
-            self.loop.call_soon_threadsafe(self.loop.stop)  # no loop thread outlives the test
-            self.thread.join(15)
-            raise
-        return self
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(15)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(15)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from typing import Any
 
 import openai
 import pytest
-from conftest import EmulatorServer
+from emulator_server import EmulatorServer
 
 
 @pytest.fixture

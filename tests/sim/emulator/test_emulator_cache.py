@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import EmulatorServer
+from emulator_server import EmulatorServer
 
 from sim.emulator.runtime import EmulatedRuntime
 from sim.loadgen import BenchConfig, _payload

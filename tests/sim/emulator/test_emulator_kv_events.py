@@ -100,7 +100,7 @@ def test_the_feed_holds_what_the_worker_caches(
             ids = SHARED[: 8 + i % 30] + list(range(1000 * i, 1000 * i + 20 + i))
             await generate(server, ids)
         probe = [*SHARED, 7, 7, 7, 7, 7]
-        publisher = server._runner.app[PUBLISHER]
+        publisher = server.app[PUBLISHER]
         counters = feed.streams["w"].counters
         await until(lambda: counters.applied == publisher.published, "every batch published")
         expect = predicted(sets, probe, "probe")
