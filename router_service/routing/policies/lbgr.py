@@ -1,8 +1,12 @@
 """``lbgr``: learning-based greedy routing on predicted end-to-end latency.
 
 For every healthy worker the policy predicts the request's latency there as an estimate plus
-a residual that a model learns online (one model per worker); the argmin wins, and a worker
-must beat the incumbent by more than ``margin_ms`` to take over (ties keep the first).
+a residual that a model learns online (one model per worker); the argmin wins. Costs within
+``margin_ms`` of the lowest are a tie, broken at random (``ties``, the default ``"random"``):
+idle workers tie exactly, and a tie kept by the first worker in the list sent it every new
+prefix while the fleet was idle, until its cache overflowed (``docs/routing.md``, *Ties*).
+``lbgr_paper`` keeps the paper's rule (``"first"``): a worker must beat the incumbent, the
+first in the list, by more than ``margin_ms`` to take over.
 
 Two estimates (``estimate``):
 
@@ -86,10 +90,11 @@ from router_service.routing.types import (
     WorkerSnapshot,
 )
 
-__all__ = ["ESTIMATES", "PAPER_MODEL", "LBGRPolicy", "lbgr_paper"]
+__all__ = ["ESTIMATES", "PAPER_MODEL", "TIES", "LBGRPolicy", "lbgr_paper"]
 
 _NO_FEATURES: dict[str, float] = {}
 ESTIMATES = ("service", "paper")
+TIES = ("random", "first")
 # The paper's residual: RLS on a bias with lambda = 0.992 and P0 = 1e6, as lib.rs passes them.
 PAPER_MODEL = {"kind": "ewmean", "params": {"forgetting": 0.992, "p0": 1e6}}
 
@@ -139,9 +144,14 @@ class LBGRPolicy:
         sharing: str = "per_worker",
         learn_cache: bool = True,
         whole_survival: float = 0.2,
+        ties: str = "random",
     ) -> None:
         if estimate not in ESTIMATES:
             raise ValueError(f"unknown estimate {estimate!r}; known: {', '.join(ESTIMATES)}")
+        if ties not in TIES:
+            raise ValueError(f"unknown ties {ties!r}; known: {', '.join(TIES)}")
+        self.rng = rng
+        self.ties = ties
         self.estimate = estimate
         self.a_ms = number("a_ms", a_ms)
         self.b_cached_ms = number("b_cached_ms", b_cached_ms)
@@ -232,6 +242,7 @@ class LBGRPolicy:
         best_features: dict[str, float] | None = None
         best_shape: _InOutput | None = None
         candidates: list[Candidate] = []
+        scored: list[tuple[float, Candidate, dict[str, float], _InOutput | None]] = []
         models = self.models
         with_features = models.needs_features  # ewmean/none ignore them: skip the dicts
         loads = [w.in_flight + w.other_requests for w in workers if w.healthy]
@@ -263,8 +274,17 @@ class LBGRPolicy:
                 index_cached=w.index_cached,
             )
             candidates.append(cand)
-            if best is None or cost < best.cost_ms - self.margin_ms:  # type: ignore[operator]
-                best, best_features, best_shape = cand, features, shape
+            scored.append((cost, cand, features, shape))
+        if self.ties == "first":  # the incumbent keeps it unless beaten by more than the margin
+            for cost, cand, features, shape in scored:
+                if best is None or cost < best.cost_ms - self.margin_ms:  # type: ignore[operator]
+                    best, best_features, best_shape = cand, features, shape
+        else:  # within the margin of the lowest cost is a tie, broken at random
+            low = min(cost for cost, _, _, _ in scored)
+            tied = [s for s in scored if s[0] <= low + self.margin_ms]
+            _, best, best_features, best_shape = (
+                tied[0] if len(tied) == 1 else tied[self.rng.randrange(len(tied))]
+            )
         assert best is not None  # eligible() raised otherwise
         return Decision(
             request.request_id,
@@ -320,6 +340,7 @@ def lbgr_paper(rng: random.Random, **params: Any) -> LBGRPolicy:
     params.setdefault("model", PAPER_MODEL)
     params.setdefault("estimate", "paper")
     params.setdefault("learn_cache", False)  # the paper's index: what it sent, undiscounted
+    params.setdefault("ties", "first")  # the incumbent, the first in the list, keeps a tie
     policy = LBGRPolicy(rng, **params)
     policy.name = "lbgr_paper"
     return policy

@@ -212,8 +212,50 @@ def test_load_the_router_did_not_send_counts_as_its_own() -> None:
     assert decision.candidate(A).queue_ms > decision.candidate(B).queue_ms
 
 
+def test_idle_workers_tie_and_the_tie_goes_to_any_of_them() -> None:
+    # Nothing cached and nobody busy: the four cost the same. Kept by the first in the list,
+    # every new prefix of an idle fleet went there until its cache overflowed.
+    workers = [snap(f"http://w{i}") for i in range(4)]
+    policy = lbgr()
+    chosen = [policy.decide(req(f"r{n}", ids(1000), 4), workers).chosen for n in range(400)]
+    counts = {w.url: chosen.count(w.url) for w in workers}
+    assert all(70 <= c <= 130 for c in counts.values()), counts  # 100 each on the mean
+    decision = policy.decide(req("r", ids(1000), 4), workers)
+    assert [c.worker for c in decision.candidates] == [w.url for w in workers]  # in order
+
+
+def test_a_tie_is_within_the_margin_of_the_lowest_cost() -> None:
+    # b and c are within 1 ms of a, d is not: only a, b and c are ever chosen.
+    workers = [
+        snap(A),
+        snap(B, prefill_tokens=4.0),  # 0.46 ms more
+        snap("http://c", prefill_tokens=8.0),  # 0.91 ms more
+        snap("http://d", prefill_tokens=10.0),  # 1.14 ms more
+    ]
+    policy = lbgr()
+    chosen = {policy.decide(req(f"r{n}", ids(1000), 4), workers).chosen for n in range(200)}
+    assert chosen == {A, B, "http://c"}
+    costs = [c.cost_ms for c in policy.decide(req("r", ids(1000), 4), workers).candidates]
+    assert [round(x - costs[0], 2) for x in costs] == [0.0, 0.46, 0.91, 1.14]
+    # The paper's rule: the incumbent, the first in the list, keeps what is within the margin.
+    paper = lbgr(ties="first")
+    assert {paper.decide(req(f"r{n}", ids(1000), 4), workers).chosen for n in range(50)} == {A}
+    assert make_policy("lbgr_paper", random.Random(0)).ties == "first"  # type: ignore[attr-defined]
+
+
+def test_ties_are_seeded() -> None:
+    workers = [snap(f"http://w{i}") for i in range(4)]
+
+    def run() -> list[str]:
+        policy = lbgr()
+        return [policy.decide(req(f"r{n}", ids(100), 4), workers).chosen for n in range(50)]
+
+    assert run() == run()
+
+
 @pytest.mark.parametrize(
-    "bad", [{"estimate": "guess"}, {"prefill_ms_per_token": -1.0}, {"impact": "2"}]
+    "bad",
+    [{"estimate": "guess"}, {"prefill_ms_per_token": -1.0}, {"impact": "2"}, {"ties": "last"}],
 )
 def test_bad_parameters_are_refused_naming_them(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
