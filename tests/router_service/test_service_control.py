@@ -118,10 +118,11 @@ def test_removed_worker_gets_no_traffic_and_its_index_is_dropped(
     routers: Callable[..., RouterServer], workers: Callable[..., FakeWorker], how: str
 ) -> None:
     a, b = workers("a"), workers("b")
-    router = routers(worker_urls=[a.url, b.url], policy="lbgr")
+    # The paper's tie rule: a tie between the two idle workers goes to the first, a.
+    router = routers(worker_urls=[a.url, b.url], policy="lbgr", policy_params={"ties": "first"})
     prompt = "shared system prompt " * 10
     first = router.client.post("/generate", json={"text": prompt})
-    assert first.headers["X-KVRoute-Worker"] == a.url  # a tie goes to the first worker
+    assert first.headers["X-KVRoute-Worker"] == a.url
     assert router.control.get("/workers").json()["workers"][0]["index_units"] == len(prompt)
 
     if how == "query":
@@ -163,7 +164,8 @@ def test_worker_removed_while_in_flight_stays_forgotten(
 ) -> None:
     """The late outcome of a removed worker's request must not bring its state back."""
     a, b = workers("a", delay_s=0.6), workers("b")
-    router = routers(worker_urls=[a.url, b.url], policy="lbgr")
+    # The paper's tie rule: a tie between the two idle workers goes to the first, a.
+    router = routers(worker_urls=[a.url, b.url], policy="lbgr", policy_params={"ties": "first"})
     result: list[httpx.Response] = []
     thread = threading.Thread(
         target=lambda: result.append(httpx.post(router.url + "/generate", json={"text": "x" * 50}))

@@ -28,9 +28,11 @@ def test_documented_metrics_are_exposed_after_traffic(
 ) -> None:
     assert len(DOCUMENTED) >= 15
     a, b = workers("a"), workers("b")
-    # A margin no cost difference beats keeps lbgr on the first worker: the learned factors of
-    # two idle workers differ by the noise of the machine's timing, not by their load.
-    router = routers(worker_urls=[a.url, b.url], policy="lbgr", policy_params={"margin_ms": 1e9})
+    # A margin no cost difference beats, with the paper's tie rule, keeps lbgr on the first
+    # worker: the learned factors of two idle workers differ by the noise of the machine's
+    # timing, not by their load.
+    params = {"margin_ms": 1e9, "ties": "first"}
+    router = routers(worker_urls=[a.url, b.url], policy="lbgr", policy_params=params)
     router.control.post("/models/challenger", json={"spec": "linear"})
     prompt = "metrics prompt " * 4
     for i in range(3):
