@@ -133,7 +133,10 @@ def test_explain_matches_the_decision_taken(
 ) -> None:
     """Dry run, then the same body for real with no traffic in between: same decision."""
     busy, idle = workers("busy", delay_s=1.0), workers("idle")
-    router = routers(worker_urls=[busy.url, idle.url], policy=policy)
+    # The first request must land on busy: the two idle workers tie, and the paper's tie rule
+    # gives it to the first (lbgr's own breaks it at random).
+    params = {"ties": "first"} if policy == "lbgr" else {}
+    router = routers(worker_urls=[busy.url, idle.url], policy=policy, policy_params=params)
     long_prompt = "L" * 500
     # A request holds `busy` (queue load ~500 ms) while the others are explained and sent.
     with http_client(router.url) as client:
