@@ -69,7 +69,7 @@ from router_service.routing.block_hash import iter_page_hashes, token_bytes
 from router_service.routing.block_sets import BlockSets
 from sim.cluster import ClusterConfig, RequestRecord, simulate
 from sim.engine import EngineRequest
-from sim.local_cluster import free_port, wait_healthy
+from sim.local_cluster import exit_on_sigterm, free_port, wait_healthy
 from sim.profiles import get_profile
 from sim.worker import SimWorker
 from sim.workloads import GSPConfig, GSPWorkload, load_mooncake
@@ -578,6 +578,7 @@ def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
 
 
 def main() -> int:
+    exit_on_sigterm()  # so the finally blocks stop the workers this started
     parser = base_parser("kv_events", __doc__)
     parser.add_argument(
         "--parts",

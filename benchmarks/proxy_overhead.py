@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import base_parser, write_json
 
-from sim.local_cluster import free_port, free_port_pair, wait_healthy
+from sim.local_cluster import exit_on_sigterm, free_port, free_port_pair, wait_healthy
 
 HERE = Path(__file__).resolve().parent
 SETUPS = [
@@ -186,6 +186,7 @@ def measure(url: str, rate: float, seconds: float) -> dict[str, Any]:
 
 
 def main() -> int:
+    exit_on_sigterm()  # so the finally blocks stop the processes this started
     parser = base_parser("proxy_overhead", __doc__)
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--seconds", type=float, default=10.0)

@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO_ROOT, base_parser, write_json
 
 from sim.loadgen import default_control_url
-from sim.local_cluster import free_port, free_port_pair, wait_healthy
+from sim.local_cluster import exit_on_sigterm, free_port, free_port_pair, wait_healthy
 from sim.local_redis import RedisServer
 
 ADMIN_TOKEN = "reliability-benchmark-admin-token"  # the routers' control plane, on loopback
@@ -774,6 +774,7 @@ def write_markdown(path: Path, text: str, command: str) -> None:
 
 
 def main() -> int:
+    exit_on_sigterm()  # so the finally blocks stop the processes this started
     parser = base_parser("reliability", __doc__)
     parser.add_argument("--rate", type=float, default=40.0, help="fault runs' req/s")
     parser.add_argument("--fault-s", type=float, default=30.0)

@@ -80,7 +80,7 @@ from _fleet import (
 )
 
 from sim.loadgen import BenchConfig, benchmark
-from sim.local_cluster import LocalCluster
+from sim.local_cluster import LocalCluster, exit_on_sigterm
 from sim.local_redis import RedisServer
 from sim.report import markdown_table
 from sim.workloads import GSPConfig, GSPWorkload
@@ -465,6 +465,7 @@ def run_throughput(args: Any) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    exit_on_sigterm()  # so the finally blocks stop the processes this started
     args = parse_args(argv)
     started = time.perf_counter()
     workload_rows, workload = ([], {}) if args.skip_workload else run_workload(args)

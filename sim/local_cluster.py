@@ -2,7 +2,8 @@
 
 Used by ``kvroute cluster``, the router comparison benchmark and the end-to-end tests. Every
 process runs in its own process group and is terminated (then killed) on ``stop``, on an
-exception, and on Ctrl-C.
+exception, on Ctrl-C, and when the process running the cluster is sent SIGTERM (``kill``, a
+timeout): the children are in their own sessions, so nothing else would stop them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
-__all__ = ["LocalCluster", "free_port", "free_ports", "wait_healthy", "wait_registered"]
+__all__ = [
+    "LocalCluster",
+    "exit_on_sigterm",
+    "free_port",
+    "free_ports",
+    "wait_healthy",
+    "wait_registered",
+]
 
 _LOWEST_PORT = 20000
 
@@ -156,6 +165,7 @@ class LocalCluster:
     admin_token: str = field(default_factory=lambda: secrets.token_hex(16))
     _workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _router: subprocess.Popen[bytes] | None = None
+    _sigterm_installed: bool = False
 
     def _spawn(
         self, args: Sequence[str], name: str, env: dict[str, str] | None = None
@@ -311,6 +321,7 @@ class LocalCluster:
         self.worker_urls.clear()
 
     def __enter__(self) -> LocalCluster:
+        self._sigterm_installed = exit_on_sigterm()
         return self
 
     def __exit__(
@@ -319,7 +330,31 @@ class LocalCluster:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            if self._sigterm_installed:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                self._sigterm_installed = False
+
+
+def _raise_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def exit_on_sigterm() -> bool:
+    """Make SIGTERM unwind the stack (so ``__exit__`` stops the children); True if installed.
+
+    Python's default for SIGTERM ends the process at once, without running ``finally`` or
+    ``__exit__``. Only the main thread may set a handler, and one the program set itself is
+    left alone. A benchmark whose ``finally`` stops the processes it started calls it first.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return False
+    signal.signal(signal.SIGTERM, _raise_exit)
+    return True
 
 
 def _terminate(proc: subprocess.Popen[bytes]) -> None:
