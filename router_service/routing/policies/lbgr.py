@@ -38,15 +38,17 @@ Two estimates (``estimate``):
   tokens of its prefix that another worker holds (``h``, the deepest match in the fleet) and
   this one would store twice. ``R``, the worker's ``refetch_share`` (``routing.survival``),
   is the share of what it prefilled lately that it had held before and evicted, so the copy
-  is expected to cost ``R`` of its prefill again later (``evict`` weighs it: 2, since ``R``
-  is seen only where a request was sent after its belief; a cache with room, or whose
-  evicted entries never come back, learns ``R`` = 0). It keeps one copy of a prefix in the
-  fleet where copies would push out prefixes still asked for. A long answer weighs the
-  decode load of each worker; a short one (the paper's GSP, 4 tokens) weighs cache hits and
-  the prefill backlog. The constants are a prior (SGLang serving Llama-3.1-8B on an L40:
-  ``sim/profiles.py``); the default residual ``ratio`` learns each worker's latency as a
-  multiple of the estimate, so a faster or slower worker scales its prediction without
-  changing the ranking's shape.
+  is expected to cost ``R`` of its prefill again later. ``evict`` weighs it (20): ``R`` is
+  the share of all of a worker's prefill, but a copy costs more than an average insert, as it
+  splits its prefix's requests between two workers, each copy is refreshed less often, and
+  both are evicted sooner (measured: ``docs/routing.md``, *What a copy evicts*). A cache
+  with room, or whose evicted entries never come back, learns ``R`` = 0. It keeps one copy
+  of a prefix in the fleet where copies would push out prefixes still asked for. A long answer
+  weighs the decode load of each worker; a short one (the paper's GSP, 4 tokens) weighs cache hits
+  and the prefill backlog. The constants are a prior (SGLang serving Llama-3.1-8B on an L40:
+  ``sim/profiles.py``); the default residual ``ratio`` learns each worker's latency as a multiple
+  of the estimate, so a faster or slower worker scales its prediction without changing the
+  ranking's shape.
 - ``"paper"``: the paper's (``lbgr_paper``): ``base = max(1, a + b_c * cached / 1000 +
   b_u * uncached / 1000)`` ms, ``pred = max(1, base + alpha * queue + residual)``, where
   ``queue`` is the decayed load (31/32 per 20 ms) of the base reserved by each routed request.
@@ -139,7 +141,7 @@ class LBGRPolicy:
         decode_ms_per_kv_token: float = 0.0002,
         decode_ms_per_seq: float = 0.04,
         impact: float = 1.0,
-        evict: float = 2.0,
+        evict: float = 20.0,
         margin_ms: float = 1.0,
         sharing: str = "per_worker",
         learn_cache: bool = True,

@@ -190,7 +190,7 @@ def test_an_insert_costs_the_prefill_of_what_it_evicts_that_comes_back() -> None
     decision = policy.decide(request, full)
     assert decision.chosen == A
     miss = p * 4000 + a * attention_pairs(0, 4000)
-    copy = 2.0 * 0.5 * p * 3500  # the 3,500 tokens A holds, stored twice
+    copy = policy.evict * 0.5 * p * 3500  # the 3,500 tokens A holds, stored twice
     assert decision.candidate(B).evict_ms == pytest.approx(copy)
     assert decision.candidate(A).evict_ms == 0.0
     fleet = 0.5  # one request in flight over two workers
