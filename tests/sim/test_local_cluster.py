@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Starts one emulated worker, prints its pid, then blocks until a signal arrives.
 HOLDER = textwrap.dedent(
     """
-    import signal, sys
+    import signal
     from sim.local_cluster import LocalCluster
 
     with LocalCluster(workers=1, time_scale=10.0) as cluster:
