@@ -76,6 +76,8 @@ class ModelBank:
         self._last_sample: dict[str, int] = {}
         # (fleet samples, models, sum of weighted log factors, sum of weights): _fleet_log_factor
         self._fleet_log: tuple[int, int, float, float] | None = None
+        # ((fleet samples, models), _fleet_stats's answer): made once per fleet outcome
+        self._fleet_shrink: tuple[tuple[int, int], tuple[float, float] | None] | None = None
 
     def spec_for(self, worker: str) -> ModelSpec:
         return self.overrides.get(worker, self.spec)
@@ -117,9 +119,10 @@ class ModelBank:
             model = self._override_protos.get(worker, self._default)
         try:
             weight = self._fade(key, model)
-            if weight < 1.0:
+            own = weight * self._shrink(key, model)
+            if own < 1.0:
                 fleet = self._fleet_log_factor(key, model, weight)
-                value = float(cast(FadingModel, model).predict_faded(x, weight, fleet))
+                value = float(cast(FadingModel, model).predict_faded(x, own, fleet))
             else:
                 value = float(model.predict_one(self._features(worker, x)))
         except Exception:  # noqa: BLE001 - a model must never take routing down
@@ -150,6 +153,56 @@ class ModelBank:
         if age <= STALE_AFTER * turn:
             return 1.0
         return float(0.5 ** (age / turn))
+
+    def _shrink(self, key: str, model: Any) -> float:
+        """How much of ``model``'s own factor to believe over the rest of the fleet's (1.0:
+        all of it; a model that does not shrink, a shared one, or a fleet of one). A factor
+        learned from ten outcomes is noisy: on a fleet of equal workers each worker's factor
+        differs from the others' by that noise alone, and LBGR would route on it. So, as an
+        empirical Bayes estimate of one mean per worker, the weight is ``tau2 / (tau2 +
+        v)``: ``v`` is this factor's noise (the fleet's pooled variance of one outcome's log
+        factor, times the model's ``evidence``), ``tau2`` the spread between the workers'
+        factors that their noise does not explain (their variance less their mean noise, at
+        least 0). A worker that really is slower stands out of the noise and keeps its
+        factor; equal workers share the fleet's."""
+        if not getattr(model, "shrink", False) or self._shares(key) or key not in self._models:
+            return 1.0
+        stats = self._fleet_stats()
+        if stats is None:
+            return 1.0
+        tau2, pooled = stats
+        noise = pooled * float(model.evidence)
+        if not math.isfinite(noise):
+            return 0.0
+        return 1.0 if tau2 + noise <= 0.0 else tau2 / (tau2 + noise)
+
+    def _fleet_stats(self) -> tuple[float, float] | None:
+        """(tau2, pooled variance of one outcome's log factor) over the fresh shrinking
+        models (``_shrink``), or None with fewer than two of them or no variance yet. Made
+        once per fleet outcome."""
+        cached = getattr(self, "_fleet_shrink", None)  # a bank pickled before it had one
+        if cached is not None and cached[0] == self._samples_and_models():
+            return cast("tuple[float, float] | None", cached[1])
+        fresh: list[Any] = []
+        for k, m in list(self._models.items()):  # a learn on another thread may add a worker
+            if getattr(m, "shrink", False) and self._fade(k, m) >= 1.0:
+                fresh.append(m)
+        stats: tuple[float, float] | None = None
+        dispersions = [d for d in (m.dispersion for m in fresh) if d is not None]
+        if len(fresh) >= 2 and dispersions:
+            pooled = sum(dispersions) / len(dispersions)
+            logs = [float(m.log_factor) for m in fresh]
+            mean = sum(logs) / len(logs)
+            between = sum((v - mean) ** 2 for v in logs) / (len(logs) - 1)
+            noise = sum(pooled * min(1.0, float(m.evidence)) for m in fresh) / len(fresh)
+            tau2 = max(0.0, between - noise)
+            if math.isfinite(tau2) and math.isfinite(pooled):
+                stats = (tau2, pooled)
+        self._fleet_shrink = (self._samples_and_models(), stats)
+        return stats
+
+    def _samples_and_models(self) -> tuple[int, int]:
+        return self.samples, len(self._models)
 
     def _fleet_log_factor(self, key: str, model: Any, weight: float) -> float:
         """The rest of the fleet's log factor, for ``model`` (at ``weight``, its ``_fade``):
@@ -252,8 +305,10 @@ class ModelBank:
                 if getattr(model, "fades", False) and not self._shares(worker):
                     # What routing prices now: the factor faded toward the fleet's (_fade).
                     weight = self._fade(worker, model)
-                    fleet = self._fleet_log_factor(worker, model, weight) if weight < 1 else 0.0
-                    values["factor_in_use"] = cast(FadingModel, model).faded_factor(weight, fleet)
+                    own = weight * self._shrink(worker, model)
+                    fleet = self._fleet_log_factor(worker, model, weight) if own < 1 else 0.0
+                    values["factor_in_use"] = cast(FadingModel, model).faded_factor(own, fleet)
+                    values["own_weight"] = own
             except Exception:  # noqa: BLE001 - a status page must not fail on one model
                 continue
             out[worker] = values

@@ -12,10 +12,17 @@ inside: the paper's RLS on a bias feature, with forgetting and P0) and predicts 
 
 Why the log: latencies are heavy-tailed (one request stuck behind a long prefill is 10x its
 estimate), and an arithmetic mean of factors would chase those; the geometric mean does not.
-Why it is safe on a homogeneous fleet: every worker learns about the same factor, which scales
-every worker's prediction alike and leaves LBGR's ranking (and its cache stickiness) as the
-plain estimate makes it, while ``linear`` and ``tree`` re-price cached against uncached tokens
-for the chosen worker only. Measured in ``benchmarks/residual_models.py``.
+On a homogeneous fleet every worker learns about the same factor, which scales every
+worker's prediction alike and leaves LBGR's ranking (and its cache stickiness) as the plain
+estimate makes it, while ``linear`` and ``tree`` re-price cached against uncached tokens for
+the chosen worker only (``benchmarks/residual_models.py``). *About* the same: a factor of ten
+outcomes carries their noise (tens of percent between equal workers), and LBGR ranks on it.
+``shrink`` (off by default) has ``ModelBank`` shrink each worker's factor toward the fleet's
+by how much of the spread between the workers their noise explains (``evidence`` and
+``dispersion`` are what it reads): equal workers then share the fleet's factor, a worker that
+really is slower keeps its own. On the robustness matrix it trades tail for median (mean p50
+over the best baseline's 0.858x -> 0.855x, p95 0.606x -> 0.617x; ``docs/routing.md``, *The
+factor's noise*), so the default keeps each worker's own.
 
 What it cannot learn: a constant offset that does not grow with the estimate (that is
 ``ewmean``'s job). Its check in the shared suite is a constant *factor* instead.
@@ -72,10 +79,17 @@ class RatioResidual(base.Regressor):
     signed = True
     fades = True  # ModelBank fades a factor its worker has not refreshed (``predict_faded``)
 
-    def __init__(self, forgetting: float = 0.9, p0: float = 1e6) -> None:
+    def __init__(self, forgetting: float = 0.9, p0: float = 1e6, shrink: bool = False) -> None:
+        if not isinstance(shrink, bool):
+            raise ValueError(f"shrink must be true or false, got {shrink!r}")
         self.forgetting = forgetting
         self.p0 = p0
+        self.shrink = shrink  # ModelBank shrinks the factor toward the fleet's (``_shrink``)
         self._log_mean = EWMeanResidual(forgetting, p0)  # validates both; the same recursion
+        # The outcomes' weights (lambda^age: their sum and the sum of their squares) and the
+        # weighted mean and sum of squared deviations of their log factors (West's update):
+        # how much a factor's own noise is, for the bank's shrinkage.
+        self._w1 = self._w2 = self._mean = self._spread = 0.0
 
     @staticmethod
     def _estimate(x: Features) -> float:
@@ -107,7 +121,30 @@ class RatioResidual(base.Regressor):
         # y is latency - estimate: the factor is (y + e) / e, below 1 for a worker faster
         # than the estimate (kept above 1e-3: a latency is never quite zero).
         ratio = max(_MIN_RATIO, 1.0 + y / self._estimate(x))
-        self._log_mean.learn_one({}, max(-_MAX_STEP_LOG, min(math.log(ratio), _MAX_STEP_LOG)))
+        value = max(-_MAX_STEP_LOG, min(math.log(ratio), _MAX_STEP_LOG))
+        self._log_mean.learn_one({}, value)
+        lam = self.forgetting
+        self._w1 = lam * self._w1 + 1.0
+        self._w2 = lam * lam * self._w2 + 1.0
+        delta = value - self._mean
+        self._mean += delta / self._w1
+        self._spread = lam * self._spread + delta * (value - self._mean)
+
+    @property
+    def evidence(self) -> float:
+        """The variance of the learned log factor over one outcome's (``sum w^2 / (sum w)^2``
+        of the outcomes' weights): 1 after one outcome, ``(1 - f) / (1 + f)`` (0.053 at
+        forgetting 0.9) after many; infinite before any."""
+        return self._w2 / (self._w1 * self._w1) if self._w1 > 0.0 else math.inf
+
+    @property
+    def dispersion(self) -> float | None:
+        """The variance of one outcome's log factor (weighted, unbiased), or None before
+        two outcomes."""
+        if self._w1 <= 0.0:
+            return None
+        denominator = self._w1 - self._w2 / self._w1
+        return self._spread / denominator if denominator > 1e-9 else None
 
     def predict_one(self, x: Features) -> float:
         return math.expm1(self._log_mean.predict_one({})) * self._estimate(x)
@@ -139,6 +176,12 @@ class RatioResidual(base.Regressor):
         gain = 1.0 - weight * lam / (lam + p)  # the next outcome's weight (k = p / (lam + p))
         p = self.p0 if gain >= 1.0 else min(self.p0, gain * lam / (1.0 - gain))
         self._log_mean.load_state({"theta": faded, "p": max(p, state["p"])})
+        # The faded share is the fleet's, not this worker's: its own outcomes weigh less
+        # against the next one, as if fewer (``evidence`` grows by 1 / weight).
+        self._w1 *= weight
+        self._w2 *= weight * weight
+        self._spread *= weight
+        self._mean = faded
 
     def learned(self) -> dict[str, float]:
         """What the model holds, for operators: "worker X runs at 2.1x the estimate"."""
@@ -146,7 +189,25 @@ class RatioResidual(base.Regressor):
 
     def state(self) -> dict[str, float]:
         """The learned state as plain numbers (model snapshots store these, not a pickle)."""
-        return self._log_mean.state()
+        return {
+            **self._log_mean.state(),
+            "w1": self._w1,
+            "w2": self._w2,
+            "mean": self._mean,
+            "spread": self._spread,
+        }
 
     def load_state(self, state: dict[str, float]) -> None:
         self._log_mean.load_state(state)
+        if "w1" not in state:  # a snapshot from before the shrinkage: RLS's p is 1 / sum w
+            lam = self.forgetting
+            w1 = min(1e6, 1.0 / self._log_mean.state()["p"])
+            steady = w1 * w1 * (1.0 - lam) / (1.0 + lam)  # sum w^2 of that many outcomes
+            w2 = min(w1, max(1.0, steady)) if w1 >= 1.0 else w1 * w1
+            extra = {"w1": w1, "w2": w2, "mean": self.log_factor, "spread": 0.0}
+        else:
+            extra = {k: float(state[k]) for k in ("w1", "w2", "mean", "spread")}
+        w1, w2, mean, spread = extra["w1"], extra["w2"], extra["mean"], extra["spread"]
+        if not all(math.isfinite(v) for v in (w1, w2, mean, spread)) or min(w1, w2, spread) < 0:
+            raise ValueError(f"ratio state must be finite and non-negative, got {state}")
+        self._w1, self._w2, self._mean, self._spread = w1, w2, mean, spread

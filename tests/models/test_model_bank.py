@@ -253,9 +253,14 @@ def test_status_reports_what_each_workers_model_learned() -> None:
     ratio = ModelBank("ratio")
     for estimate in (100.0, 1000.0, 5000.0) * 20:
         ratio.learn("slow", {"estimate_ms": estimate}, 1.5 * estimate)  # 2.5x the estimate
-    # ``factor_in_use``: what routing prices now (the same while the worker is fresh).
+    # ``factor_in_use``: what routing prices now (the same while the worker is fresh and
+    # alone); ``own_weight``: how much of its own factor that is.
     assert ratio.status()["per_worker_learned"] == {
-        "slow": {"factor": pytest.approx(2.5), "factor_in_use": pytest.approx(2.5)}
+        "slow": {
+            "factor": pytest.approx(2.5),
+            "factor_in_use": pytest.approx(2.5),
+            "own_weight": pytest.approx(1.0),
+        }
     }
 
     class Broken:
@@ -370,3 +375,87 @@ def test_a_stale_worker_that_is_still_slow_is_priced_out_again_at_once() -> None
     assert bank.status()["per_worker_learned"]["slow"]["factor"] == pytest.approx(8.2, rel=0.02)
     bank.learn("slow", x, 0.0)  # recovered: at the estimate, the factor falls at the usual gain
     assert bank.status()["per_worker_learned"]["slow"]["factor"] < 8.2
+
+
+SHRINK = {"kind": "ratio", "params": {"shrink": True}}
+
+
+def _noisy_fleet(bank: ModelBank, factors: dict[str, float], rounds: int, seed: int) -> None:
+    """Outcomes whose latency is ``factor`` x the estimate times a log-normal noise (sd 0.5
+    in log), one per worker in turn, as a fleet sharing the traffic evenly."""
+    rng = random.Random(seed)
+    for _ in range(rounds):
+        for worker, factor in factors.items():
+            estimate = rng.uniform(100.0, 5000.0)
+            latency = factor * estimate * rng.lognormvariate(0.0, 0.5)
+            bank.learn(worker, {"estimate_ms": estimate}, latency - estimate)
+
+
+def test_equal_workers_share_the_fleets_factor_instead_of_their_noise() -> None:
+    """Ten outcomes of noise make four equal workers' factors differ by tens of percent; the
+    bank with ``shrink`` prices each near the fleet's, so LBGR does not route on that noise.
+    Without it (the default) each keeps its own."""
+    spreads, raw_spreads = [], []
+    for seed in range(20):
+        bank = ModelBank(SHRINK)
+        _noisy_fleet(bank, dict.fromkeys("abcd", 1.0), rounds=60, seed=seed)
+        learned = bank.learned()
+        in_use = [math.log(v["factor_in_use"]) for v in learned.values()]
+        raw = [math.log(v["factor"]) for v in learned.values()]
+        spreads.append(max(in_use) - min(in_use))
+        raw_spreads.append(max(raw) - min(raw))
+    assert sum(raw_spreads) / 20 > 0.2  # the noise: over 20% apart
+    assert sum(spreads) / 20 < 0.4 * sum(raw_spreads) / 20
+
+    plain = ModelBank("ratio")
+    _noisy_fleet(plain, dict.fromkeys("abcd", 1.0), rounds=60, seed=0)
+    for values in plain.learned().values():
+        assert values["factor_in_use"] == pytest.approx(values["factor"])
+        assert values["own_weight"] == 1.0
+
+
+def test_a_worker_that_really_is_slower_keeps_its_factor() -> None:
+    """A worker at half speed (factor 2) stands out of the same noise: it keeps most of its
+    own factor, and is priced about twice its peers (over 10 fleets; its ten-outcome factor
+    is itself noisy, so one fleet may see it at 1.7x peers at 1.2x)."""
+    weights, prices = [], []
+    for seed in range(10):
+        bank = ModelBank(SHRINK)
+        _noisy_fleet(bank, {"a": 1.0, "b": 1.0, "c": 1.0, "slow": 2.0}, rounds=60, seed=seed)
+        learned = bank.learned()
+        weights.append(learned["slow"]["own_weight"])
+        peers = sum(math.log(learned[w]["factor_in_use"]) for w in "abc") / 3
+        prices.append(math.exp(math.log(learned["slow"]["factor_in_use"]) - peers))
+        x = {"estimate_ms": 1000.0}
+        assert bank.predict("slow", x) > bank.predict("a", x)
+    assert sorted(weights)[5] > 0.85
+    assert 1.7 < sum(prices) / 10 < 2.3
+
+
+def test_ratio_reports_its_noise_and_keeps_it_in_its_state() -> None:
+    """``evidence``: the variance of the factor over one outcome's (1 after one outcome,
+    (1 - f) / (1 + f) after many); ``dispersion``: one outcome's variance of the log factor.
+    Both survive ``state`` / ``load_state``; a state from before them loads as a memory of
+    outcomes."""
+    from models import RatioResidual
+
+    model = RatioResidual()
+    assert model.evidence == math.inf
+    assert model.dispersion is None
+    model.learn_one({"estimate_ms": 100.0}, 0.0)
+    assert model.evidence == pytest.approx(1.0)
+    assert model.dispersion is None
+    rng = random.Random(3)
+    for _ in range(400):
+        model.learn_one({"estimate_ms": 100.0}, 100.0 * rng.lognormvariate(0.0, 0.5) - 100.0)
+    assert model.evidence == pytest.approx(0.1 / 1.9, rel=1e-6)
+    assert 0.12 < model.dispersion < 0.45  # sd 0.5: variance 0.25, ten outcomes' worth
+    copy = RatioResidual()
+    copy.load_state(model.state())
+    assert copy.state() == model.state()
+    legacy = RatioResidual()
+    legacy.load_state({"theta": 0.3, "p": 0.1})  # a snapshot of the steady state, 0.1 = 1 - f
+    assert legacy.factor == pytest.approx(math.exp(0.3))
+    assert legacy.evidence == pytest.approx(0.1 / 1.9, rel=1e-6)
+    with pytest.raises(ValueError, match="finite"):
+        legacy.load_state({"theta": 0.3, "p": 0.1, "w1": -1, "w2": 1, "mean": 0, "spread": 0})
