@@ -180,9 +180,9 @@ class ModelBank:
         """(tau2, pooled variance of one outcome's log factor) over the fresh shrinking
         models (``_shrink``), or None with fewer than two of them or no variance yet. Made
         once per fleet outcome."""
-        cached = getattr(self, "_fleet_shrink", None)  # a bank pickled before it had one
+        cached = self._fleet_shrink
         if cached is not None and cached[0] == self._samples_and_models():
-            return cast("tuple[float, float] | None", cached[1])
+            return cached[1]
         fresh: list[Any] = []
         for k, m in list(self._models.items()):  # a learn on another thread may add a worker
             if getattr(m, "shrink", False) and self._fade(k, m) >= 1.0:
