@@ -192,6 +192,9 @@ def test_two_replicas_share_load_index_and_models_through_a_redis_cluster(
         load_sync_ms=load_sync_ms,  # 5: the batched sync script; 0: a script per operation
         model_snapshot_key=SNAPSHOT_KEY,
         model_snapshot_interval_s=0.2,
+        # 1 s: three cluster nodes, two routers and their workers share the suite's 2 cores,
+        # and a reply there once took over 200 ms (an outage, which this test does not test).
+        redis_timeout_ms=1000.0,
     )
     # (A timeout at start-up is retried on a backoff: on Redis within a second.)
     assert wait_until(lambda: _on_redis(a) and _on_redis(b), 5, 0.05)
