@@ -270,7 +270,7 @@ async def emulated(eviction: str, quick: bool, workload_name: str = "gsp") -> di
         for url, proc in zip(workers, procs, strict=True):
             await asyncio.to_thread(wait_healthy, url, 90.0, proc)
         blocks = BlockSets()
-        router = Router(make_policy("lbgr"), blocks=blocks)
+        router = Router(make_policy("lbgr"), blocks=blocks, time_scale=SCALE)
         info = aiohttp.ClientSession()  # the feed reads each worker's chunk size, as the service's
         feed = KVEventFeed(blocks, lambda: time.monotonic() * 1000.0, session=lambda: info)
         for url, source in feed_sources.items():

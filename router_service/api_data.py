@@ -163,6 +163,7 @@ _CACHE_DETAIL = (
     "predicted_ms",
     "impact_ms",
     "evict_ms",
+    "stall_ms",
     "cost_ms",
     "in_flight",
     "index_cached",

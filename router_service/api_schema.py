@@ -204,6 +204,11 @@ class CandidateAnswer(BaseModel):
         description="lbgr: of impact_ms, what storing a second copy of a prefix another "
         "worker caches is expected to cost again (what it evicts that comes back)",
     )
+    stall_ms: float | None = Field(
+        None,
+        description="lbgr: of queue_ms, how much longer its decode would take for the "
+        "prefills that arrive meanwhile (at the share of the worker's time prefill took lately)",
+    )
     cost_ms: float | None = Field(None, description="lbgr: what the argmin ranks")
     eligible: bool
     reason: str | None

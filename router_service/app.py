@@ -76,6 +76,7 @@ def _build_state(settings: Settings) -> ServiceState:
             policy,
             keys=BlockKeys(settings.index_block_units) if shared else None,
             blocks=BlockSets(settings.kv_events_stale_s),
+            time_scale=settings.time_scale,
         ),
         pool=WorkerPool(
             lambda: state.http(),  # bound late: the session opens in the lifespan

@@ -9,7 +9,16 @@ time. The ledger counts each routed request until it completes:
   ``prefill_pairs``, their attention work: ``u * (c + u / 2)`` for ``u`` uncached tokens
   after ``c`` cached ones (attention grows with the square of a long prompt);
 - ``kv_tokens``: the KV tokens its requests hold or will hold (prompt + expected output);
-- ``in_flight``: requests, and ``pending_units``: uncached units routed and not completed.
+- ``in_flight``: requests, and ``pending_units``: uncached units routed and not completed;
+- ``recent_prefill(worker, now_ms)``: the prefill the worker has done lately, per
+  millisecond (tokens and attention pairs routed to it, exponentially weighted by their age
+  over ``recent_window_ms``, less what is still queued). SGLang runs prefill first, so the
+  prefills that arrive while a request decodes stall its decode steps; the share of the
+  worker's time that prefill took lately is the router's forecast of that. What is still
+  queued is not in it: that delays the next request's first token (``prefill_tokens``), not
+  its decode, and one long prompt routed a moment ago would otherwise price its worker out
+  of every decode until long after it is done. Computed from the routing times, not on a
+  timer.
 
 Output lengths are not known at routing time: ``OutputEstimate`` learns them from
 completions (the share of ``max_new_tokens`` that requests really generate, and a typical
@@ -99,8 +108,22 @@ class _Open:
 class Ledger:
     """Open requests and their per-worker totals; O(1) per open, first token and close."""
 
-    def __init__(self, outputs: OutputEstimate | None = None) -> None:
+    def __init__(
+        self,
+        outputs: OutputEstimate | None = None,
+        recent_window_ms: float = 2000.0,
+        time_scale: float = 1.0,
+    ) -> None:
+        for name, value in (("recent_window_ms", recent_window_ms), ("time_scale", time_scale)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be > 0, got {value!r}")
         self.outputs = outputs or OutputEstimate()
+        # In the workers' time: the callers' clock runs 1 / time_scale as fast as emulated
+        # workers' (``--time-scale``), and the prefill's share is of the workers' time.
+        self.recent_window_ms = recent_window_ms
+        self.time_scale = time_scale
+        # worker -> (time, prefill tokens and pairs routed, weighted exp(-age / window))
+        self._recent: dict[str, tuple[float, float, float]] = {}
         self.in_flight: dict[str, int] = {}
         self.pending_units: dict[str, int] = {}
         self.prefill_tokens: dict[str, float] = {}
@@ -121,9 +144,11 @@ class Ledger:
         prompt_tokens: float,
         max_new_tokens: int | None,
         tokens_per_unit: float = 1.0,
+        now_ms: float | None = None,
     ) -> None:
         """Count a routed request: ``uncached`` prompt units (``tokens_per_unit`` tokens each)
-        to prefill, ``prompt_tokens`` in all."""
+        to prefill, ``prompt_tokens`` in all, routed at ``now_ms`` (None: not counted in
+        ``recent_prefill``)."""
         kv = prompt_tokens + self.outputs.expected(max_new_tokens)
         prefill = uncached * tokens_per_unit
         pairs = attention_pairs(prompt_tokens - prefill, prefill)
@@ -134,6 +159,27 @@ class Ledger:
         self.prefill_pairs[worker] = self.prefill_pairs.get(worker, 0.0) + pairs
         self.prefilling[worker] = self.prefilling.get(worker, 0) + 1
         self.kv_tokens[worker] = self.kv_tokens.get(worker, 0.0) + kv
+        if now_ms is not None and prefill > 0:
+            at, tokens, total_pairs = self._decayed(worker, now_ms)
+            self._recent[worker] = (at, tokens + prefill, total_pairs + pairs)
+
+    def _decayed(self, worker: str, now_ms: float) -> tuple[float, float, float]:
+        at, tokens, pairs = self._recent.get(worker, (now_ms, 0.0, 0.0))
+        if now_ms <= at:  # a caller's clock never runs back here; if it does, no decay
+            return at, tokens, pairs
+        keep = math.exp(-(now_ms - at) * self.time_scale / self.recent_window_ms)
+        return now_ms, tokens * keep, pairs * keep
+
+    def recent_prefill(self, worker: str, now_ms: float) -> tuple[float, float]:
+        """(tokens, attention pairs) per millisecond of the prefill ``worker`` did lately:
+        each request's routed to it, weighted ``exp(-age / recent_window_ms)``, less what
+        is still to prefill (``prefill_tokens``, ``prefill_pairs``), over the window."""
+        if worker not in self._recent:
+            return 0.0, 0.0
+        _, tokens, pairs = self._decayed(worker, now_ms)
+        tokens = max(0.0, tokens - self.prefill_tokens.get(worker, 0.0))
+        pairs = max(0.0, pairs - self.prefill_pairs.get(worker, 0.0))
+        return tokens / self.recent_window_ms, pairs / self.recent_window_ms
 
     def first_token(self, request_id: str) -> None:
         """The request's prefill is done: its tokens leave the prefill count."""
@@ -176,6 +222,7 @@ class Ledger:
             self.kv_tokens,
         ):
             totals.pop(worker, None)
+        self._recent.pop(worker, None)
         return gone
 
 

@@ -64,6 +64,7 @@ class Router:
         keys: BlockKeys | None = None,
         blocks: BlockSets | None = None,
         survival: CacheSurvival | None = None,
+        time_scale: float = 1.0,
     ) -> None:
         self.policy = policy
         self.index = index if index is not None else PrefixIndex()
@@ -72,7 +73,9 @@ class Router:
         # replicas can share it (router_service.index_sync); matches are block-granular.
         self.keys = keys
         self._last_key: tuple[str, Key] = ("", "")
-        self.ledger = Ledger()  # requests in flight: counts, prefill backlog, KV held
+        # Requests in flight: counts, prefill backlog, KV held; and the prefill done lately, in
+        # the workers' time (``time_scale``: emulated workers that run faster than the clock).
+        self.ledger = Ledger(time_scale=time_scale)
         self._policy_of: dict[str, RoutingPolicy] = {}  # open decision id -> its policy
         self._orphans: set[str] = set()  # open decisions whose worker was removed since
         self._last_match: tuple[str, dict[str, int]] = ("", {})
@@ -116,6 +119,8 @@ class Router:
         prefill, pairs, kv = ledger.prefill_tokens, ledger.prefill_pairs, ledger.kv_tokens
         output = ledger.outputs.expected(request.max_new_tokens)
         survival = self.survival
+        now = self.clock_ms
+        recent = {w.url: ledger.recent_prefill(w.url, now) for w in workers}
         return [
             WorkerSnapshot(
                 url=w.url,
@@ -131,6 +136,8 @@ class Router:
                 prefill_pairs=pairs.get(w.url, 0.0),
                 prefilling=ledger.prefilling.get(w.url, 0),
                 kv_tokens=kv.get(w.url, 0.0),
+                recent_prefill_tokens=recent[w.url][0],
+                recent_prefill_pairs=recent[w.url][1],
                 output_tokens=output,
                 other_requests=w.other_requests,
                 other_kv_tokens=w.other_kv_tokens,
@@ -266,6 +273,7 @@ class Router:
             prompt_tokens=request.units * request.tokens_per_unit,
             max_new_tokens=request.max_new_tokens,
             tokens_per_unit=request.tokens_per_unit,
+            now_ms=now_ms,
         )
         self._policy_of[decision.decision_id] = self.policy
 

@@ -96,6 +96,10 @@ class WorkerSnapshot:
     prefill_pairs: float = 0.0  # their attention work (``ledger.attention_pairs``)
     prefilling: int = 0  # requests among ``in_flight`` whose first token is not seen yet
     kv_tokens: float = 0.0
+    # The prefill the worker did lately, per millisecond of its time (``Ledger.recent_prefill``:
+    # routed to it, less what is still queued): tokens and their attention pairs.
+    recent_prefill_tokens: float = 0.0
+    recent_prefill_pairs: float = 0.0
     output_tokens: float = 0.0  # what the router expects this request to generate
     other_requests: float = 0.0  # ``WorkerStatus``'s: load this router did not send
     other_kv_tokens: float = 0.0
@@ -123,6 +127,7 @@ class Candidate:
     in_flight: int | None = None
     impact_ms: float | None = None  # lbgr: what the request would cost the worker's others
     evict_ms: float | None = None  # lbgr: of impact_ms, the refetch of what its copy evicts
+    stall_ms: float | None = None  # lbgr: of queue_ms, its decode stalled by others' prefill
     cost_ms: float | None = None  # lbgr: what the argmin ranks (predicted + impact)
     index_cached: int | None = None  # lbgr: the index's belief before the survival discount
 
@@ -138,6 +143,7 @@ class Candidate:
             "in_flight": self.in_flight,
             "impact_ms": self.impact_ms,
             "evict_ms": self.evict_ms,
+            "stall_ms": self.stall_ms,
             "cost_ms": self.cost_ms,
             "index_cached": self.index_cached,
             "eligible": self.eligible,

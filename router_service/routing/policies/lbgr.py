@@ -18,7 +18,9 @@ Two estimates (``estimate``):
   requests hold or will hold and ``B`` their number (both with the load the worker's metrics
   show beyond this router's, ``router_service.worker_metrics``)::
 
-      wait    = P * Q + A * Q2 + o * (D_kv * K + D_seq * B)                  (queue_ms)
+      stall   = rho / (1 - rho) * o * (D_0 + D_kv * (n + K + o/2) + D_seq * (B + 1))
+                                                                          (stall_ms)
+      wait    = P * Q + A * Q2 + o * (D_kv * K + D_seq * B) + stall          (queue_ms)
       own     = P * u + A * u (c + u/2) + o * (D_0 + D_kv * (n + o/2) + D_seq)   (base_ms)
       predict = own + alpha * wait + residual                             (predicted_ms)
       evict   = evict * R * P * (h - c)                                   (evict_ms)
@@ -26,7 +28,10 @@ Two estimates (``estimate``):
       cost    = predict + impact                                          (cost_ms)
 
   i.e. time to first token (the prefills ahead, then its own, linear layers and attention)
-  plus ``o`` decode steps whose length grows with the batch's KV and size. The argmin ranks
+  plus ``o`` decode steps whose length grows with the batch's KV and size, stretched by the
+  prefills that arrive meanwhile (SGLang runs prefill first): ``rho`` is the share of the
+  worker's time its prefill took lately (the ledger's ``recent_prefill``, at most 0.9),
+  ``stall`` weighs it (1; 0 turns it off). The argmin ranks
   ``cost``: the predicted latency plus what the request's prefill costs others (``impact``).
   Prefill runs first, so it stalls the ``B`` requests in the worker, and the requests that
   arrive while the worker works it off, counted as ``N``, the fleet's mean requests per
@@ -97,6 +102,7 @@ __all__ = ["ESTIMATES", "PAPER_MODEL", "TIES", "LBGRPolicy", "lbgr_paper"]
 _NO_FEATURES: dict[str, float] = {}
 ESTIMATES = ("service", "paper")
 TIES = ("random", "first")
+MAX_STALL = 9.0  # a decode stalled by prefill at most 10x as long (rho 0.9)
 # The paper's residual: RLS on a bias with lambda = 0.992 and P0 = 1e6, as lib.rs passes them.
 PAPER_MODEL = {"kind": "ewmean", "params": {"forgetting": 0.992, "p0": 1e6}}
 
@@ -141,6 +147,7 @@ class LBGRPolicy:
         decode_ms_per_kv_token: float = 0.0002,
         decode_ms_per_seq: float = 0.04,
         impact: float = 1.0,
+        stall: float = 1.0,
         evict: float = 20.0,
         margin_ms: float = 1.0,
         sharing: str = "per_worker",
@@ -166,6 +173,9 @@ class LBGRPolicy:
         self.decode_ms_per_seq = number("decode_ms_per_seq", decode_ms_per_seq)
         self.margin_ms = number("margin_ms", margin_ms)
         self.impact = number("impact", impact)
+        self.stall = number("stall", stall)
+        if self.stall < 0:
+            raise ValueError(f"stall must be >= 0, got {stall!r}")
         self.evict = number("evict", evict)
         if estimate == "service":
             for name in (
@@ -202,12 +212,13 @@ class LBGRPolicy:
 
     def _estimate(
         self, request: RouteRequest, w: WorkerSnapshot, fleet: float = 0.0, held: int = 0
-    ) -> tuple[float, float, float, float, _InOutput | None]:
-        """(base_ms, queue_ms, impact_ms, evict_ms, the estimate as a function of the output
-        length) of ``request`` on worker ``w``; the last is None for the paper's estimate."""
+    ) -> tuple[float, float, float, float, float, _InOutput | None]:
+        """(base_ms, queue_ms, impact_ms, evict_ms, stall_ms, the estimate as a function of
+        the output length) of ``request`` on worker ``w``; the last is None for the paper's
+        estimate."""
         total = request.units
         if self.estimate == "paper":
-            return self.base_ms(w.cached, total - w.cached), w.queue_ms, 0.0, 0.0, None
+            return self.base_ms(w.cached, total - w.cached), w.queue_ms, 0.0, 0.0, 0.0, None
         per_unit = request.tokens_per_unit
         cached, uncached = w.cached * per_unit, (total - w.cached) * per_unit
         output = w.output_tokens
@@ -219,7 +230,14 @@ class LBGRPolicy:
         batch = w.in_flight + w.other_requests
         wait_prefill = prefill * w.prefill_tokens + attention * w.prefill_pairs
         wait_step = kv * (w.kv_tokens + w.other_kv_tokens) + seq * batch
-        wait = wait_prefill + output * wait_step
+        # The prefills that arrive while it decodes stall its decode steps (prefill first).
+        # If prefill keeps taking the share rho of the worker's time it took lately (the
+        # ledger's recent_prefill), a decode takes 1 / (1 - rho) as long (at most 10x).
+        rho = prefill * w.recent_prefill_tokens + attention * w.recent_prefill_pairs
+        stall = self.stall * min(MAX_STALL, rho / (1.0 - rho) if rho < 1.0 else MAX_STALL)
+        decode_step = own_step + wait_step
+        stalled = stall * output * (decode_step + kv * output / 2.0)
+        wait = wait_prefill + output * wait_step + stalled
         # What the request costs the others: its prefill stalls every request in the worker
         # (SGLang runs prefill first), and the requests that arrive while the worker works it
         # off, counted as the fleet's mean requests per worker (few at low load, many near
@@ -231,11 +249,11 @@ class LBGRPolicy:
         impact = self.impact * own_prefill * (batch + fleet) + evict
         shape = _InOutput(
             own_prefill + self.alpha * wait_prefill,
-            own_step + self.alpha * wait_step,
-            kv / 2.0,
+            own_step + self.alpha * (wait_step + stall * decode_step),
+            kv / 2.0 * (1.0 + self.alpha * stall),
             own_prefill,
         )
-        return max(1.0, own), wait, impact, evict, shape
+        return max(1.0, own), wait, impact, evict, stalled, shape
 
     def decide(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> Decision:
         eligible(workers)
@@ -254,7 +272,7 @@ class LBGRPolicy:
             if not w.healthy:
                 candidates.append(ineligible_candidate(w))
                 continue
-            base, queue, impact, evict, shape = self._estimate(request, w, fleet, held)
+            base, queue, impact, evict, stalled, shape = self._estimate(request, w, fleet, held)
             estimate = base + self.alpha * queue
             features = residual_features(request, w, estimate) if with_features else _NO_FEATURES
             residual = models.predict(w.url, features)
@@ -272,6 +290,7 @@ class LBGRPolicy:
                 in_flight=w.in_flight,
                 impact_ms=impact,
                 evict_ms=evict,
+                stall_ms=stalled,
                 cost_ms=cost,
                 index_cached=w.index_cached,
             )

@@ -7,6 +7,7 @@ impact term prices what a request's prefill costs the requests already in the wo
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -68,6 +69,44 @@ def test_the_ledger_counts_a_request_until_it_completes() -> None:
     assert A not in ledger.kv_tokens
 
 
+def test_the_ledger_keeps_the_prefill_done_lately_as_a_rate() -> None:
+    ledger = Ledger(recent_window_ms=2000.0)
+    ledger.open("r1", A, uncached=600, prompt_tokens=1000, max_new_tokens=100, now_ms=0.0)
+    assert ledger.recent_prefill(A, 0.0) == (0.0, 0.0)  # still queued: not done yet
+    ledger.first_token("r1")
+    tokens, pairs = ledger.recent_prefill(A, 0.0)
+    assert tokens == pytest.approx(600 / 2000)  # prefill tokens per ms over the window
+    assert pairs == pytest.approx(attention_pairs(400, 600) / 2000)
+    # It fades with the routing time: done or not, the request was routed then.
+    ledger.close("r1")
+    assert ledger.recent_prefill(A, 2000.0)[0] == pytest.approx(600 / 2000 * math.exp(-1))
+    ledger.open("r2", A, uncached=1000, prompt_tokens=1000, max_new_tokens=1, now_ms=2000.0)
+    assert ledger.recent_prefill(A, 2000.0)[0] == pytest.approx(600 / math.e / 2000)
+    ledger.close("r2")
+    assert ledger.recent_prefill(A, 2000.0)[0] == pytest.approx((600 / math.e + 1000) / 2000)
+    assert ledger.recent_prefill(A, 1000.0)[0] == ledger.recent_prefill(A, 2000.0)[0]
+    ledger.open("r3", B, uncached=500, prompt_tokens=500, max_new_tokens=1)  # no time: uncounted
+    ledger.close("r3")
+    assert ledger.recent_prefill(B, 0.0) == (0.0, 0.0)
+    ledger.drop_worker(A)
+    assert ledger.recent_prefill(A, 2000.0) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="recent_window_ms"):
+        Ledger(recent_window_ms=0.0)
+    with pytest.raises(ValueError, match="time_scale"):
+        Ledger(time_scale=-1.0)
+    # Emulated workers 10x faster than the clock: the window is 2 s of theirs, 0.2 s of it.
+    fast = Ledger(recent_window_ms=2000.0, time_scale=10.0)
+    fast.open("f", A, uncached=600, prompt_tokens=600, max_new_tokens=1, now_ms=0.0)
+    fast.close("f")
+    assert fast.recent_prefill(A, 200.0)[0] == pytest.approx(600 / 2000 * math.exp(-1))
+    # The router's snapshots carry it, at the router's clock.
+    router = Router(lbgr())
+    first = router.route(req("s1", ids(2000), 4), [WorkerStatus(A)], now_ms=0.0)
+    router.first_token(first.decision_id, 10.0)
+    snapshot = router.snapshots(req("s2", ids(10, 5000), 4), [WorkerStatus(A)])[0]
+    assert snapshot.recent_prefill_tokens == pytest.approx(2000 / router.ledger.recent_window_ms)
+
+
 def test_text_prompts_count_tokens_at_four_characters_each() -> None:
     router = Router(lbgr())
     text = RouteRequest("t1", "x" * 4000, max_new_tokens=10)  # no token count: text
@@ -116,6 +155,36 @@ def test_the_estimate_is_time_to_first_token_plus_decode() -> None:
     assert cand.queue_ms == pytest.approx(wait)
     assert cand.predicted_ms == pytest.approx(own + wait)
     assert (cand.impact_ms, cand.cost_ms) == (0.0, pytest.approx(own + wait))
+
+
+def test_prefill_routed_lately_stalls_the_decode_as_one_over_one_less_its_share() -> None:
+    """SGLang runs prefill first: a worker that spends the share rho of its time prefilling
+    what keeps arriving decodes at 1 - rho of its pace. ``stall`` weighs it (1, 0: off)."""
+    p, a = 0.1, 1e-6
+    policy = lbgr(impact=0.0, prefill_ms_per_token=p, attention_ms_per_pair=a)  # stall 1
+    d0, dkv, dseq = policy.decode_step_ms, policy.decode_ms_per_kv_token, policy.decode_ms_per_seq
+    request = req("r", ids(1000), 50)
+    rate = {"recent_prefill_tokens": 2.0, "recent_prefill_pairs": 1e5}  # rho 0.2 + 0.1
+    worker = snap(A, kv_tokens=8000, in_flight=3, output_tokens=50, **rate)
+    rho = p * 2.0 + a * 1e5
+    step = d0 + dkv * (1000 + 8000) + dseq * 4
+    decode = 50 * (step + dkv * 25)
+    off = lbgr(impact=0.0, stall=0.0, prefill_ms_per_token=p, attention_ms_per_pair=a)
+    plain = off.decide(request, [worker]).candidate(A)
+    stalled = policy.decide(request, [worker]).candidate(A)
+    assert stalled.queue_ms - plain.queue_ms == pytest.approx(decode * rho / (1 - rho))
+    assert stalled.base_ms == plain.base_ms  # its own prefill is not stalled: FCFS
+    # A worker prefilling all the time stalls a decode 10x at most.
+    flooded = replace(worker, recent_prefill_tokens=50.0)
+    capped = policy.decide(request, [flooded]).candidate(A)
+    assert capped.queue_ms - plain.queue_ms == pytest.approx(9 * decode)
+    # So a long answer leaves the worker that prefills a lot for the one that does not...
+    quiet = snap(B, kv_tokens=8000, in_flight=3, output_tokens=50)
+    assert policy.decide(request, [worker, quiet]).chosen == B
+    # Off, a worker's recent prefill is not priced.
+    assert off.decide(request, [worker, quiet]).candidate(A).queue_ms == pytest.approx(
+        off.decide(request, [worker, quiet]).candidate(B).queue_ms
+    )
 
 
 def test_a_long_answer_avoids_the_worker_busy_decoding_and_a_short_one_takes_its_cache() -> None:
@@ -255,7 +324,13 @@ def test_ties_are_seeded() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [{"estimate": "guess"}, {"prefill_ms_per_token": -1.0}, {"impact": "2"}, {"ties": "last"}],
+    [
+        {"estimate": "guess"},
+        {"prefill_ms_per_token": -1.0},
+        {"impact": "2"},
+        {"ties": "last"},
+        {"stall": -1.0},
+    ],
 )
 def test_bad_parameters_are_refused_naming_them(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
