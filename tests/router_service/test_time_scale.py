@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 from manual_clock import ManualClock
@@ -32,3 +33,15 @@ def test_time_scale_refuses_redis() -> None:
     with pytest.raises(SettingsError, match="time_scale"):
         load_settings(time_scale=10.0, redis_url="redis://127.0.0.1:6379")
     assert load_settings(time_scale=10.0).time_scale == 10.0
+
+
+def test_the_ledger_counts_the_prefill_done_lately_in_the_workers_time() -> None:
+    from router_service.app import create_app
+
+    app = create_app(load_settings(time_scale=10.0))
+    ledger = app.state.kvroute.router.ledger
+    assert ledger.time_scale == 10.0
+    ledger.open("r", "w", uncached=1000, prompt_tokens=1000, max_new_tokens=1, now_ms=0.0)
+    ledger.close("r")
+    # 200 ms of the router's clock are 2 s of the workers': one window, e^-1 of it left.
+    assert ledger.recent_prefill("w", 200.0)[0] == pytest.approx(1000 / 2000 * math.exp(-1))
