@@ -100,6 +100,10 @@ class RedisClusterNodes:
 
     def __init__(self) -> None:
         self.ports = [port_outside_ephemeral_range() for _ in range(3)]
+        # Each node's cluster bus too: by default it is the port + 10000, which may lie in
+        # the ephemeral range, where an outgoing connection once took it (bind: Address
+        # already in use).
+        self.bus_ports = [port_outside_ephemeral_range() for _ in range(3)]
         self.processes = _Processes()
 
     @property
@@ -109,11 +113,12 @@ class RedisClusterNodes:
 
     def start(self) -> RedisClusterNodes:
         try:
-            for port in self.ports:
+            for port, bus in zip(self.ports, self.bus_ports, strict=True):
                 self.processes.spawn(
                     port,
                     *_server_args(port),
                     "--cluster-enabled", "yes",
+                    "--cluster-port", str(bus),
                     "--cluster-config-file", f"nodes-{port}.conf",
                     "--cluster-node-timeout", "2000",
                 )  # fmt: skip
