@@ -335,17 +335,31 @@ class EngineCluster(LocalCluster):
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def flush(self) -> None:
-        """Empty every worker's prefix cache (SGLang ``/flush_cache``, vLLM's reset)."""
+    def flush(self, timeout_s: float = 10.0) -> None:
+        """Empty every worker's prefix cache (SGLang ``/flush_cache``, vLLM's reset). SGLang
+        refuses (400) while a request is in the worker, a health check's one-token
+        generation included: asked again until ``timeout_s`` has passed."""
+        import urllib.error
         import urllib.request
 
         for url, spec in zip(self.worker_urls, self.specs, strict=True):
             path = "/flush_cache" if spec.engine == "sglang" else "/reset_prefix_cache"
-            with urllib.request.urlopen(
-                urllib.request.Request(url + path, method="POST"), timeout=30
-            ) as resp:
-                if resp.status != 200:
-                    raise RuntimeError(f"{url} refused to flush its cache")
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    with urllib.request.urlopen(
+                        urllib.request.Request(url + path, method="POST"), timeout=30
+                    ) as resp:
+                        if resp.status == 200:
+                            break
+                        refused = f"HTTP {resp.status}"
+                except urllib.error.HTTPError as exc:
+                    if exc.code != 400:
+                        raise
+                    refused = "HTTP 400 (requests in the worker)"
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"{url} refused to flush its cache: {refused}")
+                time.sleep(0.1)
 
     def kill_worker(self, index: int) -> None:
         """SIGKILL one worker's process group (the engine's every process), as a crash would."""
